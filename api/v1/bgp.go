@@ -1,0 +1,165 @@
+package v1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DefaultASNumber is the AS number nodes use when BGPConfiguration sets none.
+const DefaultASNumber = 64512
+
+// BGPConfigurationName is the name of the cluster-wide BGPConfiguration.
+const BGPConfigurationName = "default"
+
+// BGPConfiguration holds cluster-wide BGP settings (the one named "default").
+//
+// +genclient
+// +genclient:nonNamespaced
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster
+type BGPConfiguration struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec BGPConfigurationSpec `json:"spec"`
+}
+
+// BGPConfigurationSpec are the cluster-wide BGP settings.
+type BGPConfigurationSpec struct {
+	// ASNumber of the nodes (default 64512); a node may override it.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4294967295
+	ASNumber *uint32 `json:"asNumber,omitempty"`
+
+	// NodeToNodeMeshEnabled peers every node with every other (default true).
+	// Once a route reflector exists, ordinary nodes peer only with reflectors.
+	// +optional
+	NodeToNodeMeshEnabled *bool `json:"nodeToNodeMeshEnabled,omitempty"`
+
+	// ListenPort of the nodes' BGP speakers (default 179).
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	ListenPort *uint16 `json:"listenPort,omitempty"`
+
+	// ServiceClusterIPs are advertised by every node.
+	// +optional
+	ServiceClusterIPs []ServiceIPBlock `json:"serviceClusterIPs,omitempty"`
+	// ServiceExternalIPs are advertised by every node.
+	// +optional
+	ServiceExternalIPs []ServiceIPBlock `json:"serviceExternalIPs,omitempty"`
+	// ServiceLoadBalancerIPs are advertised by every node.
+	// +optional
+	ServiceLoadBalancerIPs []ServiceIPBlock `json:"serviceLoadBalancerIPs,omitempty"`
+
+	// NodeMeshPassword is an MD5 password for node-to-node sessions.
+	// +optional
+	NodeMeshPassword *SecretKeyRef `json:"nodeMeshPassword,omitempty"`
+
+	// NodeMeshMaxRestartTime is the graceful-restart time of node-to-node
+	// sessions (default 120s).
+	// +optional
+	NodeMeshMaxRestartTime *metav1.Duration `json:"nodeMeshMaxRestartTime,omitempty"`
+
+	// RouteReflectorClusterID is the cluster ID of reflectors whose node has no
+	// tabby.io/route-reflector-cluster-id label (default 244.0.0.1).
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="isIP(self) && ip(self).family() == 4",message="routeReflectorClusterID must be written as an IPv4 address, such as 244.0.0.1"
+	// +kubebuilder:validation:MaxLength=15
+	RouteReflectorClusterID string `json:"routeReflectorClusterID,omitempty"`
+}
+
+// ServiceIPBlock is a CIDR advertised over BGP.
+type ServiceIPBlock struct {
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="cidr must be in CIDR notation"
+	// +kubebuilder:validation:MaxLength=43
+	CIDR string `json:"cidr"`
+}
+
+// SecretKeyRef names one key of a Secret.
+type SecretKeyRef struct {
+	// Namespace of the Secret (default: the namespace tabbyd runs in).
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+	// Key in the Secret's data.
+	// +kubebuilder:validation:MinLength=1
+	Key string `json:"key"`
+}
+
+// BGPConfigurationList is a list of BGPConfigurations.
+// +kubebuilder:object:root=true
+type BGPConfigurationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BGPConfiguration `json:"items"`
+}
+
+// BGPPeer adds BGP sessions beyond the node mesh: to a router outside the
+// cluster (peerIP and asNumber) or to selected nodes (peerSelector), from
+// every node, one node, or the nodes a selector picks.
+//
+// +genclient
+// +genclient:nonNamespaced
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster
+// +kubebuilder:printcolumn:name="PeerIP",type=string,JSONPath=`.spec.peerIP`
+// +kubebuilder:printcolumn:name="AS",type=integer,JSONPath=`.spec.asNumber`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+type BGPPeer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec BGPPeerSpec `json:"spec"`
+}
+
+// BGPPeerSpec says who peers with whom.
+//
+// +kubebuilder:validation:XValidation:rule="!(has(self.node) && has(self.nodeSelector))",message="set node or nodeSelector, not both"
+// +kubebuilder:validation:XValidation:rule="has(self.peerSelector) != has(self.peerIP)",message="set exactly one of peerIP (with asNumber) and peerSelector"
+// +kubebuilder:validation:XValidation:rule="!has(self.peerIP) || has(self.asNumber)",message="a peer given by peerIP needs its asNumber"
+type BGPPeerSpec struct {
+	// Node that peers; with neither node nor nodeSelector, every node peers.
+	// +optional
+	Node string `json:"node,omitempty"`
+	// NodeSelector picks the nodes that peer.
+	// +optional
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	// PeerIP of the remote speaker, an address or address:port ([v6]:port).
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:XValidation:rule="isIP(self) || (self.contains(']:') ? isIP(self.substring(1, self.lastIndexOf(']'))) : (self.contains(':') && isIP(self.substring(0, self.lastIndexOf(':')))))",message="peerIP must be an IP address, IP:port or [IPv6]:port"
+	PeerIP string `json:"peerIP,omitempty"`
+	// ASNumber of the remote speaker.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4294967295
+	ASNumber uint32 `json:"asNumber,omitempty"`
+	// PeerSelector peers with the nodes it selects instead of a peerIP.
+	// +optional
+	PeerSelector *metav1.LabelSelector `json:"peerSelector,omitempty"`
+	// Password (MD5) from a Secret.
+	// +optional
+	Password *SecretKeyRef `json:"password,omitempty"`
+	// SourceAddress: UseNodeIP (default) binds the session to the node's
+	// address; None leaves the choice to the kernel.
+	// +optional
+	// +kubebuilder:validation:Enum=UseNodeIP;None
+	SourceAddress string `json:"sourceAddress,omitempty"`
+	// KeepOriginalNextHop keeps the next hop of routes sent to this peer.
+	// +optional
+	KeepOriginalNextHop bool `json:"keepOriginalNextHop,omitempty"`
+	// MaxRestartTime is the graceful-restart time for this peer (default 120s).
+	// +optional
+	MaxRestartTime *metav1.Duration `json:"maxRestartTime,omitempty"`
+}
+
+// BGPPeerList is a list of BGPPeers.
+// +kubebuilder:object:root=true
+type BGPPeerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BGPPeer `json:"items"`
+}

@@ -1,0 +1,35 @@
+// Command tabby-scheduler-extender is tabby's kube-scheduler extender.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	extender "github.com/tabbynet/tabby/scheduler-extender"
+	"github.com/tabbynet/tabby/internal/buildinfo"
+)
+
+func main() {
+	var cfg extender.Config
+	cmd := &cobra.Command{
+		Use:          "tabby-scheduler-extender",
+		Short:        "kube-scheduler extender: places pods by scheduling rules and by what the network knows",
+		Version:      buildinfo.Version,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(*cobra.Command, []string) error {
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return extender.Run(ctx, cfg)
+		},
+	}
+	cmd.Flags().StringVar(&cfg.Listen, "listen", ":8888", "address to serve POST /filter, POST /prioritize, GET /healthz and GET /metrics on")
+	cmd.Flags().StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
+	if err := cmd.Execute(); err != nil {
+		os.Exit(1)
+	}
+}
