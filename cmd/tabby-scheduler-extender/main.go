@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	extender "github.com/tabbynet/tabby/scheduler-extender"
 	"github.com/tabbynet/tabby/internal/buildinfo"
+	extender "github.com/tabbynet/tabby/scheduler-extender"
 )
 
 func main() {
