@@ -64,6 +64,8 @@ type assignState struct {
 	poolList   []tabbyv1.IPPool
 	node       *corev1.Node
 	nodeBlocks []*tabbyv1.IPAMBlock // blocks affine to the node
+	// nodeBlocksCached: nodeBlocks came from the watch cache (maybe stale).
+	nodeBlocksCached bool
 	allBlocks  []*tabbyv1.IPAMBlock // nil until needed
 	config     *tabbyv1.IPAMConfigurationSpec
 	assigned   []assignedRef
@@ -90,6 +92,7 @@ func (m *IPAM) Assign(ctx context.Context, req Request) ([]Assigned, error) {
 		HandleID: req.HandleID, Use: req.Use, Namespace: req.Namespace, Pod: req.Pod, Node: req.Node,
 		Timestamp: nowTime(m.now),
 	}}
+	st.nodeBlocksCached = true
 	if err := m.load(ctx, st); err != nil {
 		return nil, err
 	}
@@ -117,7 +120,7 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		l, err := m.ds.IPPools.List(ctx, metav1.ListOptions{})
+		l, err := m.ds.IPPools.List(ctx, cached)
 		if err != nil {
 			poolErr = fmt.Errorf("listing IP pools: %w", err)
 			return
@@ -126,7 +129,7 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 	}()
 	go func() {
 		defer wg.Done()
-		st.nodeBlocks, blockErr = m.nodeBlocks(ctx, st.req.Node)
+		st.nodeBlocks, blockErr = m.nodeBlocks(ctx, st.req.Node, true)
 	}()
 	wg.Wait()
 	if err := errors.Join(poolErr, blockErr); err != nil {
@@ -147,8 +150,22 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 	return nil
 }
 
-func (m *IPAM) nodeBlocks(ctx context.Context, node string) ([]*tabbyv1.IPAMBlock, error) {
-	l, err := m.ds.IPAMBlocks.List(ctx, metav1.ListOptions{LabelSelector: tabbyv1.LabelNode + "=" + NodeLabelValue(node)})
+// cached list options read from the API server's watch cache. A consistent
+// list waits for the cache to catch up with etcd (tens of milliseconds), which
+// would dominate a CNI ADD. Reading slightly stale lists is safe here because
+// every write is a compare-and-swap: a stale block fails its update and is
+// re-read. Decisions that a stale list could make wrongly (claiming another
+// block when the node's blocks look full) re-check with a consistent list.
+var cached = metav1.ListOptions{ResourceVersion: "0"}
+
+// nodeBlocks lists the blocks affine to a node, from the watch cache when
+// fromCache is set.
+func (m *IPAM) nodeBlocks(ctx context.Context, node string, fromCache bool) ([]*tabbyv1.IPAMBlock, error) {
+	opts := metav1.ListOptions{LabelSelector: tabbyv1.LabelNode + "=" + NodeLabelValue(node)}
+	if fromCache {
+		opts.ResourceVersion = "0"
+	}
+	l, err := m.ds.IPAMBlocks.List(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("listing the blocks of node %s: %w", node, err)
 	}
@@ -166,7 +183,9 @@ func (m *IPAM) allBlocks(ctx context.Context, st *assignState) ([]*tabbyv1.IPAMB
 	if st.allBlocks != nil {
 		return st.allBlocks, nil
 	}
-	l, err := m.ds.IPAMBlocks.List(ctx, metav1.ListOptions{})
+	// From the watch cache: a block it misses fails to be created again
+	// (AlreadyExists) and the claim moves on to the next free one.
+	l, err := m.ds.IPAMBlocks.List(ctx, cached)
 	if err != nil {
 		return nil, wrapDS(m.ds, fmt.Errorf("listing all blocks: %w", err))
 	}
@@ -235,19 +254,21 @@ func (m *IPAM) assignFamily(ctx context.Context, st *assignState, family int) er
 		return fmt.Errorf("%w: no usable IPv%d pool for %s on node %s%s: create an IPPool that this node may use",
 			ErrExhausted, family, st.who(), st.req.Node, joinReasons(excluded))
 	}
-	// 1. The node's own blocks, in the candidate pools.
-	for _, b := range st.nodeBlocks {
-		p := poolOfBlock(cands, b)
-		if p == nil || b.Spec.Deleted || freeCount(b) == 0 {
-			continue
-		}
-		ok, err := m.allocateIn(ctx, st, p, b, func(b *tabbyv1.IPAMBlock) bool { return b.Spec.Affinity == affinityFor(st.req.Node) })
-		if err != nil {
+	// 1. The node's own blocks, in the candidate pools. The list came from
+	// the watch cache; before claiming another block, look again at a
+	// consistent list, so a block claimed moments ago is not missed.
+	for fresh := false; ; fresh = true {
+		ok, err := m.fromNodeBlocks(ctx, st, cands)
+		if err != nil || ok {
 			return err
 		}
-		if ok {
-			return nil
+		if fresh || !st.nodeBlocksCached {
+			break
 		}
+		if st.nodeBlocks, err = m.nodeBlocks(ctx, st.req.Node, false); err != nil {
+			return wrapDS(m.ds, err)
+		}
+		st.nodeBlocksCached = false
 	}
 	// 2. Claim a new block.
 	cfg, err := m.ipamConfig(ctx, st)
@@ -269,6 +290,20 @@ func (m *IPAM) assignFamily(ctx context.Context, st *assignState, family int) er
 		}
 	}
 	return m.exhausted(ctx, st, family, cands, excluded, cfg, limitReached)
+}
+
+func (m *IPAM) fromNodeBlocks(ctx context.Context, st *assignState, cands []*pool) (bool, error) {
+	for _, b := range st.nodeBlocks {
+		p := poolOfBlock(cands, b)
+		if p == nil || b.Spec.Deleted || freeCount(b) == 0 {
+			continue
+		}
+		ok, err := m.allocateIn(ctx, st, p, b, func(b *tabbyv1.IPAMBlock) bool { return b.Spec.Affinity == affinityFor(st.req.Node) })
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
 }
 
 func (st *assignState) who() string {
@@ -500,7 +535,7 @@ func (m *IPAM) exhausted(ctx context.Context, st *assignState, family int, cands
 		}
 		parts = append(parts, fmt.Sprintf("pool %s: %d blocks claimed of %s, %d addresses in use", p.describe(), claimedBlocks, capStr, used))
 	}
-	msg := fmt.Sprintf("%v: no IPv%d address for %s on node %s: tried %s", ErrExhausted, family, st.who(), st.req.Node, strings.Join(parts, "; "))
+	msg := fmt.Sprintf("no IPv%d address for %s on node %s: tried %s", family, st.who(), st.req.Node, strings.Join(parts, "; "))
 	if limitReached {
 		msg += fmt.Sprintf("; node %s already holds %d blocks, the limit (IPAMConfiguration maxBlocksPerHost=%d)", st.req.Node, len(st.nodeBlocks), cfg.MaxBlocksPerHost)
 	}
@@ -512,7 +547,7 @@ func (m *IPAM) exhausted(ctx context.Context, st *assignState, family int, cands
 	if limitReached {
 		msg += ", or raise maxBlocksPerHost"
 	}
-	return errors.New(msg)
+	return fmt.Errorf("%w: %s", ErrExhausted, msg)
 }
 
 // assignSpecific assigns one exact address, claiming its block for the node

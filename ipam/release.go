@@ -85,7 +85,7 @@ func (m *IPAM) ReleaseHandle(ctx context.Context, handleID, node string) error {
 			if node == "" {
 				return nil
 			}
-			blocks, err := m.nodeBlocks(ctx, node)
+			blocks, err := m.nodeBlocks(ctx, node, false)
 			if err != nil {
 				return wrapDS(m.ds, err)
 			}
@@ -179,7 +179,7 @@ func (m *IPAM) Release(ctx context.Context, opts []ReleaseOptions) ([]net.IP, er
 }
 
 func (m *IPAM) releaseIPs(ctx context.Context, opts []ReleaseOptions, updateHandles bool) ([]net.IP, error) {
-	l, err := m.ds.IPPools.List(ctx, metav1.ListOptions{})
+	l, err := m.ds.IPPools.List(ctx, cached)
 	if err != nil {
 		return nil, wrapDS(m.ds, fmt.Errorf("listing IP pools: %w", err))
 	}
@@ -371,7 +371,7 @@ func (m *IPAM) NodeHandles(ctx context.Context, node string) ([]string, error) {
 	for _, h := range l.Items {
 		seen[h.Spec.HandleID] = true
 	}
-	blocks, err := m.nodeBlocks(ctx, node)
+	blocks, err := m.nodeBlocks(ctx, node, false)
 	if err != nil {
 		return nil, wrapDS(m.ds, err)
 	}
