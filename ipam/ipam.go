@@ -66,9 +66,9 @@ type assignState struct {
 	nodeBlocks []*tabbyv1.IPAMBlock // blocks affine to the node
 	// nodeBlocksCached: nodeBlocks came from the watch cache (maybe stale).
 	nodeBlocksCached bool
-	allBlocks  []*tabbyv1.IPAMBlock // nil until needed
-	config     *tabbyv1.IPAMConfigurationSpec
-	assigned   []assignedRef
+	allBlocks        []*tabbyv1.IPAMBlock // nil until needed
+	config           *tabbyv1.IPAMConfigurationSpec
+	assigned         []assignedRef
 }
 
 type assignedRef struct {

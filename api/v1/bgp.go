@@ -44,12 +44,15 @@ type BGPConfigurationSpec struct {
 
 	// ServiceClusterIPs are advertised by every node.
 	// +optional
+	// +kubebuilder:validation:MaxItems=256
 	ServiceClusterIPs []ServiceIPBlock `json:"serviceClusterIPs,omitempty"`
 	// ServiceExternalIPs are advertised by every node.
 	// +optional
+	// +kubebuilder:validation:MaxItems=256
 	ServiceExternalIPs []ServiceIPBlock `json:"serviceExternalIPs,omitempty"`
 	// ServiceLoadBalancerIPs are advertised by every node.
 	// +optional
+	// +kubebuilder:validation:MaxItems=256
 	ServiceLoadBalancerIPs []ServiceIPBlock `json:"serviceLoadBalancerIPs,omitempty"`
 
 	// NodeMeshPassword is an MD5 password for node-to-node sessions.
@@ -130,7 +133,7 @@ type BGPPeerSpec struct {
 	// PeerIP of the remote speaker, an address or address:port ([v6]:port).
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
-	// +kubebuilder:validation:XValidation:rule="isIP(self) || (self.contains(']:') ? isIP(self.substring(1, self.lastIndexOf(']'))) : (self.contains(':') && isIP(self.substring(0, self.lastIndexOf(':')))))",message="peerIP must be an IP address, IP:port or [IPv6]:port"
+	// +kubebuilder:validation:XValidation:rule="isIP(self) || (self.startsWith('[') ? (self.indexOf(']:') > 1 && isIP(self.substring(1, self.indexOf(']:'))) && ip(self.substring(1, self.indexOf(']:'))).family() == 6 && self.substring(self.indexOf(']:') + 2).matches('^[0-9]{1,5}$') && int(self.substring(self.indexOf(']:') + 2)) >= 1 && int(self.substring(self.indexOf(']:') + 2)) <= 65535) : (self.indexOf(':') > 0 && isIP(self.substring(0, self.indexOf(':'))) && self.substring(self.indexOf(':') + 1).matches('^[0-9]{1,5}$') && int(self.substring(self.indexOf(':') + 1)) >= 1 && int(self.substring(self.indexOf(':') + 1)) <= 65535))",message="peerIP must be an IP address, IPv4:port or [IPv6]:port, with a port from 1 to 65535"
 	PeerIP string `json:"peerIP,omitempty"`
 	// ASNumber of the remote speaker.
 	// +optional

@@ -56,14 +56,14 @@ type IPPool struct {
 
 // IPPoolSpec is the desired state of an IPPool.
 //
-// +kubebuilder:validation:XValidation:rule="!isCIDR(self.cidr) || !has(self.blockSize) || (cidr(self.cidr).ip().family() == 4 ? (self.blockSize >= 20 && self.blockSize <= 32) : (self.blockSize >= 116 && self.blockSize <= 128))",message="blockSize is out of range: use 20 to 32 for an IPv4 pool and 116 to 128 for an IPv6 pool (the defaults are 26 and 122)"
-// +kubebuilder:validation:XValidation:rule="!isCIDR(self.cidr) || (has(self.blockSize) ? self.blockSize : (cidr(self.cidr).ip().family() == 4 ? 26 : 122)) >= cidr(self.cidr).prefixLength()",message="blockSize is smaller than the pool's prefix length, so one block would not fit in the pool: set blockSize to at least the CIDR's prefix length, or use a larger CIDR"
+// +kubebuilder:validation:XValidation:rule="!isCIDR(self.cidr) || !has(self.blockSize) || (cidr(self.cidr).ip().family() == 4 ? (self.blockSize >= 20 && self.blockSize <= 32) : (self.blockSize >= 116 && self.blockSize <= 128))",message="blockSize is out of range: use 20 to 32 for an IPv4 pool and 116 to 128 for an IPv6 pool (the defaults are 26 and 122)",messageExpression="'blockSize %d is out of range for an IPv%d pool: use %s'.format([self.blockSize, cidr(self.cidr).ip().family(), cidr(self.cidr).ip().family() == 4 ? '20 to 32 (the default is 26)' : '116 to 128 (the default is 122)'])"
+// +kubebuilder:validation:XValidation:rule="!isCIDR(self.cidr) || (has(self.blockSize) ? self.blockSize : (cidr(self.cidr).ip().family() == 4 ? 26 : 122)) >= cidr(self.cidr).prefixLength()",message="blockSize is smaller than the pool's prefix length, so one block would not fit in the pool: set blockSize to at least the CIDR's prefix length, or use a larger CIDR",messageExpression="'%s is smaller than the prefix length of cidr %s, so one block would not fit in the pool: set blockSize to at least %d, or use a larger cidr'.format([has(self.blockSize) ? 'blockSize %d'.format([self.blockSize]) : 'the default blockSize %d'.format([cidr(self.cidr).ip().family() == 4 ? 26 : 122]), self.cidr, cidr(self.cidr).prefixLength()])"
 // +kubebuilder:validation:XValidation:rule="!(has(self.ipipMode) && self.ipipMode != 'Never' && has(self.vxlanMode) && self.vxlanMode != 'Never')",message="ipipMode and vxlanMode cannot both be enabled on one pool: set one of them to Never"
 type IPPoolSpec struct {
 	// CIDR is the pool's range, e.g. 10.244.0.0/16 or fd00:10:244::/56.
 	// +kubebuilder:validation:MaxLength=43
 	// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="cidr must be a network in CIDR notation, such as 10.244.0.0/16 or fd00:10:244::/56"
-	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="cidr has host bits set: write the network address (for example 10.244.0.0/16, not 10.244.1.0/16)"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="cidr has host bits set: write the network address (for example 10.244.0.0/16, not 10.244.1.0/16)",messageExpression="'cidr %s has host bits set: write the network address, %s'.format([self, string(cidr(self).masked())])"
 	CIDR string `json:"cidr"`
 
 	// BlockSize is the prefix length of the blocks the pool is carved into
