@@ -1,0 +1,4 @@
+package cluster
+
+// StartProcessForTest exposes startProcess to the package's tests.
+var StartProcessForTest = startProcess

@@ -1,0 +1,164 @@
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Process is one program the cluster started: its own process group, killed
+// by the kernel (SIGKILL) when the process that started it dies, output
+// appended to a log file.
+type Process struct {
+	// Name is what the process is called in errors and its log file name.
+	Name string
+	// Path and Args are the program and its arguments (without argv[0]).
+	Path string
+	Args []string
+	// LogPath is where stdout and stderr go (appended).
+	LogPath string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// spawner runs every fork on one OS thread that is locked for the life of
+// the program and never runs anything else. Pdeathsig fires when the
+// *thread* that forked the child exits, not the process: a child forked from
+// an ordinary goroutine would be killed as soon as the Go runtime retires
+// that thread (which it does whenever a goroutine that locked it, for
+// example to enter a network namespace, ends without unlocking).
+var spawner struct {
+	once sync.Once
+	ch   chan func()
+}
+
+func onSpawnerThread(f func()) {
+	spawner.once.Do(func() {
+		spawner.ch = make(chan func())
+		go func() {
+			runtime.LockOSThread() // never unlocked: this thread lives as long as the program
+			for f := range spawner.ch {
+				f()
+			}
+		}()
+	})
+	done := make(chan struct{})
+	spawner.ch <- func() { f(); close(done) }
+	<-done
+}
+
+// startProcess starts path with args, output appended to logPath.
+func startProcess(name, path, logPath string, args ...string) (*Process, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening the log of %s: %w", name, err)
+	}
+	defer logf.Close()
+	fmt.Fprintf(logf, "=== %s: starting %s %q\n", time.Now().Format(time.RFC3339Nano), path, args)
+	cmd := exec.Command(path, args...)
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p := &Process{Name: name, Path: path, Args: args, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	onSpawnerThread(func() { err = cmd.Start() })
+	if err != nil {
+		return nil, fmt.Errorf("starting %s (%s): %w", name, path, err)
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Pid is the process id (also its process group id).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Exited reports whether the process has exited, and how.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop sends SIGTERM to the process group, waits up to grace for the process
+// to exit, then sends SIGKILL to the group. It only ever signals the group of
+// this process, which the process leads.
+func (p *Process) Stop(grace time.Duration) {
+	pgid := p.cmd.Process.Pid
+	select {
+	case <-p.done:
+		// The leader is gone; make sure nothing it forked into its group survives.
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		return
+	default:
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		<-p.done
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+}
+
+// exitError describes how the process ended, with the tail of its log.
+// keptLog says where the whole log stays ("" when the folder is removed).
+func (p *Process) exitError(keptLog bool) error {
+	what := "exited"
+	if p.err != nil {
+		what = p.err.Error()
+	}
+	return fmt.Errorf("%s %s; the end of its log%s:\n%s", p.Name, what, p.where(keptLog), tailFile(p.LogPath, 25))
+}
+
+func (p *Process) where(keptLog bool) string {
+	if keptLog {
+		return " (" + p.LogPath + ")"
+	}
+	return ""
+}
+
+// tailFile returns the last n lines of a file (at most 8 KiB).
+func tailFile(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	defer f.Close()
+	const limit = 8 << 10
+	st, err := f.Stat()
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	off := max(0, st.Size()-limit)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && !errors.Is(err, io.EOF) {
+		return "(unreadable log: " + err.Error() + ")"
+	}
+	buf = bytes.TrimRight(buf, "\n")
+	lines := bytes.Split(buf, []byte("\n"))
+	if off > 0 && len(lines) > 1 {
+		lines = lines[1:] // the first line is probably cut
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "    " + string(bytes.Join(lines, []byte("\n    ")))
+}
