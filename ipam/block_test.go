@@ -185,6 +185,7 @@ func TestCandidates(t *testing.T) {
 		pool4("tun", "10.247.0.0/24", tunnelOnly),
 		pool4("v6", "fd00::/48"),
 		pool4("broken", "10.1.2.3/8"),
+		pool4("late", "10.244.128.0/17", func(p *tabbyv1.IPPool) { p.CreationTimestamp = metav1.Unix(2e9, 0) }),
 	})
 	nodeB := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b", Labels: map[string]string{"zone": "b"}}}
 	nodeA := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"zone": "a"}}}
@@ -201,7 +202,7 @@ func TestCandidates(t *testing.T) {
 		t.Fatalf("node b v4: %v %v", names(got), err)
 	}
 	joined := strings.Join(excl, "\n")
-	for _, want := range []string{`nodeSelector "zone=a" does not match node b`, "pool off (10.246.0.0/16) is disabled", "does not allow use Workload", "broken skipped: pool broken: cidr 10.1.2.3/8 has host bits set"} {
+	for _, want := range []string{`nodeSelector "zone=a" does not match node b`, "pool off (10.246.0.0/16) is disabled", "does not allow use Workload", `IPPool "broken" is invalid: spec.cidr: Invalid value: "10.1.2.3/8": cidr 10.1.2.3/8 has host bits set`, "pool late (10.244.128.0/17) overlaps the older pool default (10.244.0.0/16)"} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("exclusions lack %q:\n%s", want, joined)
 		}
@@ -242,12 +243,12 @@ func TestParsePool(t *testing.T) {
 		want string // error substring, "" = ok
 	}{
 		{"10.0.0.0/16", 0, ""},
-		{"10.0.0.0/28", 0, "smaller than the pool's prefix"},
+		{"10.0.0.0/28", 0, "the default blockSize 26 is smaller than the prefix length"},
 		{"10.0.0.0/28", 30, ""},
 		{"10.0.0.0/16", 19, "out of range"},
 		{"fd00::/64", 0, ""},
 		{"fd00::/64", 100, "out of range"},
-		{"nonsense", 0, "invalid cidr"},
+		{"nonsense", 0, "cidr must be a network in CIDR notation"},
 	} {
 		_, err := parsePool(&tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: tabbyv1.IPPoolSpec{CIDR: tc.cidr, BlockSize: tc.size}})
 		if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {

@@ -565,7 +565,7 @@ func (m *IPAM) assignSpecific(ctx context.Context, st *assignState, ip net.IP) e
 	if p.obj.Spec.Disabled {
 		return fmt.Errorf("requested address %s is in pool %s, which is disabled", a, p.describe())
 	}
-	if !allowsUse(p.obj, st.req.Use) {
+	if !p.obj.AllowsUse(st.req.Use) {
 		return fmt.Errorf("requested address %s is in pool %s, which does not allow use %s", a, p.describe(), st.req.Use)
 	}
 	bp := p.blocks.blockFor(a)

@@ -31,43 +31,17 @@ func (p *pool) describe() string {
 	return fmt.Sprintf("%s (%s)", p.obj.Name, p.obj.Spec.CIDR)
 }
 
-// parsePool checks a pool enough for IPAM to use it; the API server's schema
-// refuses most bad pools, this guards against anything that got past it.
+// parsePool accepts a pool IPAM can use: valid by the same rules the API
+// server applies (api/v1 Validate), guarding against anything that got past it.
 func parsePool(o *tabbyv1.IPPool) (*pool, error) {
-	pfx, err := netip.ParsePrefix(o.Spec.CIDR)
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	pfx, err := o.Prefix()
 	if err != nil {
-		return nil, fmt.Errorf("pool %s has an invalid cidr %q: fix or delete it", o.Name, o.Spec.CIDR)
+		return nil, err
 	}
-	if pfx != pfx.Masked() {
-		return nil, fmt.Errorf("pool %s: cidr %s has host bits set: fix or delete it", o.Name, o.Spec.CIDR)
-	}
-	size := o.Spec.BlockSize
-	if size == 0 {
-		size = tabbyv1.DefaultBlockSizeV4
-		if pfx.Addr().Is6() {
-			size = tabbyv1.DefaultBlockSizeV6
-		}
-	}
-	bits := pfx.Addr().BitLen()
-	if size > bits || size < bits-12 {
-		return nil, fmt.Errorf("pool %s: blockSize %d is out of range for %s", o.Name, size, o.Spec.CIDR)
-	}
-	if size < pfx.Bits() {
-		return nil, fmt.Errorf("pool %s: blockSize %d is smaller than the pool's prefix /%d", o.Name, size, pfx.Bits())
-	}
-	return &pool{obj: o, prefix: pfx, blocks: carve(pfx, size)}, nil
-}
-
-func allowsUse(o *tabbyv1.IPPool, use tabbyv1.IPPoolAllowedUse) bool {
-	if len(o.Spec.AllowedUses) == 0 {
-		return true
-	}
-	for _, u := range o.Spec.AllowedUses {
-		if u == use {
-			return true
-		}
-	}
-	return false
+	return &pool{obj: o, prefix: pfx.Masked(), blocks: carve(pfx, o.EffectiveBlockSize())}, nil
 }
 
 // selectorMatches reports whether a pool's nodeSelector admits the node, and
@@ -98,10 +72,28 @@ type poolSet struct {
 
 func newPoolSet(list []tabbyv1.IPPool) *poolSet {
 	s := &poolSet{invalid: map[string]error{}}
+	// Oldest first, so that when two pools overlap (the admission policy
+	// refuses that, but two writes at the same instant can slip past it) the
+	// older one is used and the newer one skipped.
+	sorted := make([]*tabbyv1.IPPool, len(list))
 	for i := range list {
-		p, err := parsePool(&list[i])
+		sorted[i] = &list[i]
+	}
+	sort.SliceStable(sorted, func(i, j int) bool {
+		a, b := sorted[i].CreationTimestamp, sorted[j].CreationTimestamp
+		if !a.Equal(&b) {
+			return a.Before(&b)
+		}
+		return sorted[i].Name < sorted[j].Name
+	})
+	for _, o := range sorted {
+		p, err := parsePool(o)
 		if err != nil {
-			s.invalid[list[i].Name] = err
+			s.invalid[o.Name] = err
+			continue
+		}
+		if other := s.overlapping(o); other != nil {
+			s.invalid[o.Name] = fmt.Errorf("pool %s (%s) overlaps the older pool %s: delete one of them", o.Name, o.Spec.CIDR, other.describe())
 			continue
 		}
 		s.all = append(s.all, p)
@@ -109,6 +101,15 @@ func newPoolSet(list []tabbyv1.IPPool) *poolSet {
 	// Most specific pool first, so containment lookups find the right one.
 	sort.SliceStable(s.all, func(i, j int) bool { return s.all[i].prefix.Bits() > s.all[j].prefix.Bits() })
 	return s
+}
+
+func (s *poolSet) overlapping(o *tabbyv1.IPPool) *pool {
+	for _, p := range s.all {
+		if p.obj.Overlaps(o) {
+			return p
+		}
+	}
+	return nil
 }
 
 func (s *poolSet) byName(name string) *pool {
@@ -142,7 +143,7 @@ func (s *poolSet) candidates(family int, names []string, use tabbyv1.IPPoolAllow
 		if p.obj.Spec.Disabled {
 			return false, fmt.Sprintf("pool %s is disabled", p.describe()), nil
 		}
-		if !allowsUse(p.obj, use) {
+		if !p.obj.AllowsUse(use) {
 			return false, fmt.Sprintf("pool %s does not allow use %s (allowedUses)", p.describe(), use), nil
 		}
 		ok, sel, err := selectorMatches(p.obj, node)
@@ -186,8 +187,8 @@ func (s *poolSet) candidates(family int, names []string, use tabbyv1.IPPoolAllow
 			excluded = append(excluded, why)
 		}
 	}
-	for name, err := range s.invalid {
-		excluded = append(excluded, fmt.Sprintf("pool %s skipped: %v", name, err))
+	for _, err := range s.invalid {
+		excluded = append(excluded, err.Error())
 	}
 	sort.Strings(excluded)
 	// Widest pools last: try specific pools first, as the sort already did.

@@ -393,7 +393,7 @@ func (m *IPAM) NodeHandles(ctx context.Context, node string) ([]string, error) {
 // UsablePools returns the enabled, valid pools whose nodeSelector matches the
 // node, for workloads.
 func (m *IPAM) UsablePools(ctx context.Context, node string) ([]*tabbyv1.IPPool, error) {
-	l, err := m.ds.IPPools.List(ctx, metav1.ListOptions{})
+	l, err := m.ds.IPPools.List(ctx, cached)
 	if err != nil {
 		return nil, wrapDS(m.ds, fmt.Errorf("listing IP pools: %w", err))
 	}

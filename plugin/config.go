@@ -1,0 +1,245 @@
+package plugin
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// IPAMTypeTabby is the ipam.type that the tabby plugin serves in-process
+// instead of exec'ing the tabby-ipam binary.
+const IPAMTypeTabby = "tabby-ipam"
+
+// Defaults of the CNI config.
+const (
+	// DefaultTimeout bounds the datastore work of one CNI command.
+	DefaultTimeout = 30 * time.Second
+	// DefaultLockDir holds the per-node IPAM lock files.
+	DefaultLockDir = "/var/run/tabby"
+)
+
+// NetConf is the CNI network config of the tabby plugin as it appears in the
+// conflist, e.g.
+//
+//	{"cniVersion":"1.1.0","name":"k8s-pod-network","plugins":[{"type":"tabby",
+//	 "kubeconfig":"/etc/cni/net.d/tabby-kubeconfig","nodename":"node1","mtu":0,
+//	 "ipam":{"type":"tabby-ipam"}}]}
+//
+// The tabby-ipam plugin reads the same keys: when it runs under another plugin
+// (ptp, bridge) the ipam section may carry kubeconfig, nodename, timeout,
+// lockFile and logLevel itself; they override the top-level ones.
+type NetConf struct {
+	types.NetConf
+
+	// Kubeconfig names the kubeconfig file of the datastore (the Kubernetes
+	// API). Empty: in-cluster service account, then $KUBECONFIG.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// NodeName is this node's name; default the host name.
+	NodeName string `json:"nodename,omitempty"`
+	// MTU of the pod interface; 0 detects it from the node's default-route
+	// interface minus the encapsulation overhead of the usable pools.
+	MTU int `json:"mtu,omitempty"`
+	// LogLevel (debug, info, warn, error) turns logging to stderr on; empty
+	// means no logging.
+	LogLevel string `json:"logLevel,omitempty"`
+	// Timeout bounds the datastore work of one command ("30s" by default).
+	Timeout string `json:"timeout,omitempty"`
+	// LockFile serialises IPAM between concurrent commands on one node;
+	// default /var/run/tabby/ipam-<nodename>.lock.
+	LockFile string `json:"lockFile,omitempty"`
+
+	// IPAM is the "ipam" section; it shadows types.NetConf.IPAM.
+	IPAM IPAMConf `json:"ipam"`
+}
+
+// IPAMConf is the "ipam" section.
+type IPAMConf struct {
+	Type string `json:"type"`
+	// AssignIPv4 (default true) and AssignIPv6 (default false) say which
+	// families a pod gets.
+	AssignIPv4 *bool `json:"assignIPv4,omitempty"`
+	AssignIPv6 *bool `json:"assignIPv6,omitempty"`
+	// IPv4Pools and IPv6Pools restrict the pools by name; pod and namespace
+	// annotations override them.
+	IPv4Pools []string `json:"ipv4Pools,omitempty"`
+	IPv6Pools []string `json:"ipv6Pools,omitempty"`
+
+	// These override the top-level keys of the same names (for tabby-ipam
+	// under another plugin).
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	NodeName   string `json:"nodename,omitempty"`
+	LogLevel   string `json:"logLevel,omitempty"`
+	Timeout    string `json:"timeout,omitempty"`
+	LockFile   string `json:"lockFile,omitempty"`
+}
+
+// Config is a parsed, validated config with every default applied.
+type Config struct {
+	// Raw is the config as received on stdin (passed on to delegated IPAM).
+	Raw        []byte
+	Name       string
+	CNIVersion string
+	Kubeconfig string
+	NodeName   string
+	// MTU as configured (0 = detect).
+	MTU      int
+	LogLevel string
+	Timeout  time.Duration
+	LockFile string
+
+	IPAMType  string
+	IPv4      bool
+	IPv6      bool
+	IPv4Pools []string
+	IPv6Pools []string
+
+	// PrevResult is the previous plugin's result (CHECK, DEL, chained ADD).
+	PrevResult types.Result
+	// ValidAttachments are the attachments GC must keep.
+	ValidAttachments []types.GCAttachment
+	// DNS as configured, returned in the result when set.
+	DNS types.DNS
+}
+
+// TabbyIPAM tells whether IPAM is served in-process.
+func (c *Config) TabbyIPAM() bool { return c.IPAMType == IPAMTypeTabby }
+
+// HandleID is the IPAM handle of one attachment: "<network>.<containerID>".
+func (c *Config) HandleID(containerID string) string { return c.Name + "." + containerID }
+
+// ConfigError is a CNI error for a config the user must fix.
+func ConfigError(format string, a ...any) *types.Error {
+	return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(format, a...), "fix the CNI network config (the conflist in /etc/cni/net.d)")
+}
+
+var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// hostname is replaced by tests.
+var hostname = os.Hostname
+
+// LoadConfig parses and validates a tabby (or tabby-ipam) network config and
+// applies the defaults. Errors are *types.Error values (code 7, invalid
+// network config; 6, decoding failure) that say what to fix.
+func LoadConfig(data []byte) (*Config, error) {
+	var nc NetConf
+	if err := json.Unmarshal(data, &nc); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure,
+			fmt.Sprintf("tabby: the network config is not valid JSON of the expected shape: %v", err),
+			"keys and types: kubeconfig (string), nodename (string), mtu (number), logLevel (string), timeout (duration string), ipam (object with type, assignIPv4, assignIPv6)")
+	}
+	c := &Config{
+		Raw:        data,
+		Name:       nc.Name,
+		CNIVersion: nc.CNIVersion,
+		Kubeconfig: firstNonEmpty(nc.IPAM.Kubeconfig, nc.Kubeconfig),
+		NodeName:   firstNonEmpty(nc.IPAM.NodeName, nc.NodeName),
+		MTU:        nc.MTU,
+		LogLevel:   strings.ToLower(firstNonEmpty(nc.IPAM.LogLevel, nc.LogLevel)),
+		LockFile:   firstNonEmpty(nc.IPAM.LockFile, nc.LockFile),
+		IPAMType:   nc.IPAM.Type,
+		IPv4:       true,
+		IPv6:       false,
+		IPv4Pools:  nc.IPAM.IPv4Pools,
+		IPv6Pools:  nc.IPAM.IPv6Pools,
+		DNS:        nc.DNS,
+
+		ValidAttachments: nc.ValidAttachments,
+	}
+	if c.Name == "" {
+		return nil, ConfigError("tabby: the network config has no \"name\": give the network a name such as \"k8s-pod-network\"")
+	}
+	if c.CNIVersion == "" {
+		c.CNIVersion = "0.1.0"
+	}
+	if c.IPAMType == "" {
+		return nil, ConfigError("tabby: the network config has no \"ipam\" section with a \"type\": use \"ipam\": {\"type\": \"tabby-ipam\"}")
+	}
+	if nc.IPAM.AssignIPv4 != nil {
+		c.IPv4 = *nc.IPAM.AssignIPv4
+	}
+	if nc.IPAM.AssignIPv6 != nil {
+		c.IPv6 = *nc.IPAM.AssignIPv6
+	}
+	if c.TabbyIPAM() && !c.IPv4 && !c.IPv6 {
+		return nil, ConfigError("tabby: ipam.assignIPv4 and ipam.assignIPv6 are both false, so a pod would get no address: set at least one of them to true")
+	}
+	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
+		return nil, ConfigError("tabby: mtu %d is out of range: use 0 to detect it, or a value from 68 to 65535 (1280 or more with IPv6)", c.MTU)
+	}
+	if c.MTU != 0 && c.IPv6 && c.MTU < 1280 {
+		return nil, ConfigError("tabby: mtu %d is too small for IPv6 (ipam.assignIPv6 is true): use at least 1280, or 0 to detect it", c.MTU)
+	}
+	switch c.LogLevel {
+	case "", "debug", "info", "warn", "warning", "error":
+	default:
+		return nil, ConfigError("tabby: logLevel %q is not known: use debug, info, warn or error (or leave it out for no logging)", c.LogLevel)
+	}
+	c.Timeout = DefaultTimeout
+	if t := firstNonEmpty(nc.IPAM.Timeout, nc.Timeout); t != "" {
+		d, err := time.ParseDuration(t)
+		if err != nil || d <= 0 {
+			return nil, ConfigError("tabby: timeout %q is not a positive duration: write it like \"30s\" or \"2m\"", t)
+		}
+		c.Timeout = d
+	}
+	if c.NodeName == "" {
+		h, err := hostname()
+		if err != nil {
+			return nil, ConfigError("tabby: no \"nodename\" in the config and the host name is unknown (%v): set \"nodename\" to this node's Kubernetes name", err)
+		}
+		c.NodeName = strings.ToLower(h)
+	}
+	if len(c.NodeName) > 253 || !nodeNameRE.MatchString(c.NodeName) {
+		return nil, ConfigError("tabby: nodename %q is not a valid Kubernetes node name (lower-case letters, digits, '-' and '.'): set \"nodename\" to the node's name as kubectl get nodes shows it", c.NodeName)
+	}
+	if c.LockFile == "" {
+		c.LockFile = DefaultLockDir + "/ipam-" + c.NodeName + ".lock"
+	}
+	for _, p := range append(append([]string(nil), c.IPv4Pools...), c.IPv6Pools...) {
+		if p == "" {
+			return nil, ConfigError("tabby: ipam.ipv4Pools/ipv6Pools contains an empty pool name: list IPPool names such as \"default-ipv4\"")
+		}
+	}
+	if nc.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&nc.NetConf); err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("tabby: cannot parse prevResult: %v", err), "")
+		}
+		c.PrevResult = nc.PrevResult
+	}
+	return c, nil
+}
+
+// Logger returns the logger the config asks for: stderr at the level set by
+// logLevel, or a logger that discards everything.
+func (c *Config) Logger(plugin string) *slog.Logger {
+	var lvl slog.Level
+	switch c.LogLevel {
+	case "":
+		return slog.New(slog.DiscardHandler)
+	case "debug":
+		lvl = slog.LevelDebug
+	case "info":
+		lvl = slog.LevelInfo
+	case "warn", "warning":
+		lvl = slog.LevelWarn
+	default:
+		lvl = slog.LevelError
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("plugin", plugin, "network", c.Name, "node", c.NodeName)
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,435 @@
+// Package plugin holds the CNI plugins of tabby: "tabby", the network plugin
+// that wires a pod with a veth pair and routes, and "tabby-ipam", the IPAM
+// plugin that hands out addresses from tabby's IP pools (tabby runs it
+// in-process when the config's ipam.type is "tabby-ipam").
+//
+// A pod gets /32 (and /128) addresses on CNI_IFNAME and routes through
+// link-local gateways: "169.254.1.1 dev eth0 scope link", "default via
+// 169.254.1.1 dev eth0 onlink" and "default via fe80::1 dev eth0". The host
+// end of the veth, "tab" + 11 hex digits of a hash of the pod identity, is
+// created directly in the node's namespace; it answers ARP by proxy, holds
+// fe80::1 for IPv6, carries a route to each pod address (protocol
+// RouteProtocol) and an alias naming the attachment, by which DEL and GC
+// find it.
+//
+// The commands are functions of a parsed Config and Deps, so tests can run
+// them in-process; cmd/tabby and cmd/tabby-ipam wrap them with skel.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	cniipam "github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/containernetworking/plugins/pkg/ns"
+)
+
+// SupportedVersions are the CNI spec versions the plugins speak (VERSION).
+var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+// Version is tabby's version, set at build time with
+// -ldflags "-X github.com/tabbynet/tabby/plugin.Version=...".
+var Version = "dev"
+
+// About is what a plugin prints (to stderr) when run without CNI_COMMAND.
+func About(name string) string {
+	return fmt.Sprintf(`CNI plugin %s (tabby %s)
+
+A container runtime runs it with CNI_COMMAND=ADD|DEL|CHECK|GC|STATUS|VERSION,
+CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME, CNI_ARGS (K8S_POD_NAMESPACE,
+K8S_POD_NAME) and CNI_PATH set, and the network config on stdin, e.g.
+
+  {"cniVersion":"1.1.0","name":"k8s-pod-network","plugins":[{"type":"tabby",
+   "kubeconfig":"/etc/cni/net.d/tabby-kubeconfig","nodename":"node1","mtu":0,
+   "ipam":{"type":"tabby-ipam"}}]}
+
+Config keys (top level, or in "ipam" for tabby-ipam under another plugin):
+  kubeconfig   the datastore's kubeconfig (default: in-cluster, then $KUBECONFIG)
+  nodename     this node's name (default: the host name)
+  mtu          pod MTU; 0 detects it (default-route interface less VXLAN 50 / IPIP 20)
+  logLevel     debug|info|warn|error: log to stderr (default: no logging)
+  timeout      bound on datastore work per command (default 30s)
+  lockFile     per-node IPAM lock (default /var/run/tabby/ipam-<nodename>.lock)
+  ipam.type    tabby-ipam (served in-process by tabby) or any IPAM plugin
+  ipam.assignIPv4 / ipam.assignIPv6   families (default true / false)
+  ipam.ipv4Pools / ipam.ipv6Pools     IPPool names (pod and namespace
+                                      annotations tabby.io/ipv4pools etc. win)`, name, Version)
+}
+
+// TabbyFuncs are the commands of the tabby network plugin for skel.
+func TabbyFuncs(d Deps) skel.CNIFuncs {
+	return skel.CNIFuncs{
+		Add:    run(d, "tabby", CmdAdd),
+		Check:  run(d, "tabby", CmdCheck),
+		Del:    run(d, "tabby", CmdDel),
+		GC:     run(d, "tabby", CmdGC),
+		Status: run(d, "tabby", CmdStatus),
+	}
+}
+
+// Command is one CNI command of a plugin.
+type Command func(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slog.Logger) (types.Result, error)
+
+// run parses the config, bounds the command by the config's timeout and
+// prints its result in the version the config asks for.
+func run(d Deps, name string, cmd Command) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		c, err := LoadConfig(args.StdinData)
+		if err != nil {
+			return err
+		}
+		log := d.Logger
+		if log == nil {
+			log = c.Logger(name)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+		defer cancel()
+		log.Debug("command", "container", args.ContainerID, "netns", args.Netns, "ifname", args.IfName, "args", args.Args)
+		res, err := cmd(ctx, args, c, d, log)
+		if err != nil {
+			log.Error("command failed", "container", args.ContainerID, "error", err)
+			return err
+		}
+		if res != nil {
+			return types.PrintResult(res, c.CNIVersion)
+		}
+		return nil
+	}
+}
+
+// attachment names what one ADD wires.
+func attachment(c *Config, args *skel.CmdArgs) (PodID, string, Attachment, error) {
+	pod, err := ParseArgs(args.Args)
+	if err != nil {
+		return pod, "", Attachment{}, err
+	}
+	return pod, HostVethName(pod, args.ContainerID, args.IfName), Attachment{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}, nil
+}
+
+// CmdAdd wires a pod: addresses from IPAM, a veth pair, routes on both
+// sides. A failure at any step undoes the earlier ones: the addresses are
+// released and the veth (with its routes) deleted.
+func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slog.Logger) (_ types.Result, err error) {
+	pod, hostVeth, att, err := attachment(c, args)
+	if err != nil {
+		return nil, err
+	}
+	podNS, err := ns.GetNS(args.Netns)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("tabby: opening the pod's network namespace %q: %v", args.Netns, err), "")
+	}
+	defer podNS.Close()
+	nodeNS, err := ns.GetCurrentNS()
+	if err != nil {
+		return nil, fmt.Errorf("tabby: opening the node's network namespace: %w", err)
+	}
+	defer nodeNS.Close()
+
+	var alloc Allocator
+	if c.TabbyIPAM() || c.MTU == 0 {
+		alloc, err = d.allocator(ctx, c, log)
+		if err != nil {
+			if c.TabbyIPAM() {
+				return nil, err
+			}
+			log.Warn("no datastore for MTU detection; ignoring pool encapsulation", "error", err)
+			alloc = nil
+		}
+	}
+
+	// The MTU is worked out while IPAM runs.
+	mtuc := make(chan mtuResult, 1)
+	go func() { mtuc <- detectMTU(ctx, c, alloc, log) }()
+
+	var ips []*current.IPConfig
+	var release func()
+	if c.TabbyIPAM() {
+		ips, err = ipamAdd(ctx, c, args.ContainerID, pod, alloc, log)
+		release = func() {
+			cctx, cancel := cleanupContext(ctx, c)
+			defer cancel()
+			if rerr := ipamRelease(cctx, c, c.HandleID(args.ContainerID), alloc); rerr != nil {
+				log.Error("releasing addresses after a failed ADD", "error", rerr)
+			}
+		}
+	} else {
+		var r types.Result
+		r, err = cniipam.ExecAdd(c.IPAMType, c.Raw)
+		release = func() {
+			if rerr := cniipam.ExecDel(c.IPAMType, c.Raw); rerr != nil {
+				log.Error("releasing addresses after a failed ADD", "ipam", c.IPAMType, "error", rerr)
+			}
+		}
+		if err == nil {
+			var res *current.Result
+			res, err = current.NewResultFromResult(r)
+			if err == nil {
+				for _, ipc := range res.IPs {
+					ips = append(ips, &current.IPConfig{Address: hostPrefix(ipc.Address.IP), Gateway: gatewayFor(ipc.Address.IP)})
+				}
+				if len(ips) == 0 {
+					err = fmt.Errorf("tabby: IPAM plugin %s returned no address", c.IPAMType)
+				}
+			}
+		}
+		if err != nil {
+			// The delegate may have allocated before failing.
+			release()
+			return nil, err
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
+
+	m := <-mtuc
+	if m.err != nil {
+		return nil, m.err
+	}
+	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att), MTU: m.mtu}
+	for _, ipc := range ips {
+		w.IPs = append(w.IPs, ipc.Address)
+	}
+	v4, v6 := w.families()
+	if err = EnableForwarding(v4, v6); err != nil {
+		return nil, fmt.Errorf("tabby: %w", err)
+	}
+	if stale, serr := RemoveStaleHostVeth(hostVeth); serr != nil {
+		return nil, fmt.Errorf("tabby: %w", serr)
+	} else if stale {
+		log.Info("deleted a stale host veth of an earlier sandbox", "veth", hostVeth)
+	}
+	hostIf, podIf, err := SetupPod(podNS, nodeNS, w)
+	defer func() {
+		if err != nil {
+			// Whatever link has the name now is this ADD's: deleting the
+			// host end deletes the pod end and the routes through it.
+			if _, derr := RemoveStaleHostVeth(hostVeth); derr != nil {
+				log.Error("deleting the veth after a failed ADD", "veth", hostVeth, "error", derr)
+			}
+		}
+	}()
+	if err != nil {
+		return nil, fmt.Errorf("tabby: %w", err)
+	}
+	if err = SetupHost(w); err != nil {
+		return nil, fmt.Errorf("tabby: %w", err)
+	}
+
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Interfaces: []*current.Interface{hostIf, podIf}}
+	for _, ipc := range ips {
+		ipc.Interface = current.Int(1)
+		result.IPs = append(result.IPs, ipc)
+	}
+	result.Routes = defaultRoutes(v4, v6)
+	if dnsSet(c.DNS) {
+		result.DNS = c.DNS
+	}
+	log.Info("added", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "mtu", w.MTU)
+	return result, nil
+}
+
+type mtuResult struct {
+	mtu int
+	err error
+}
+
+// detectMTU runs in the node's namespace (any thread not locked elsewhere).
+func detectMTU(ctx context.Context, c *Config, alloc Allocator, log *slog.Logger) mtuResult {
+	if c.MTU > 0 {
+		return mtuResult{mtu: c.MTU}
+	}
+	link, err := DefaultRouteMTU()
+	if err != nil {
+		return mtuResult{err: fmt.Errorf("tabby: detecting the MTU: %w (set \"mtu\" in the CNI config to skip detection)", err)}
+	}
+	if alloc == nil {
+		return mtuResult{mtu: ComputeMTU(0, link, nil)}
+	}
+	ps, err := alloc.UsablePools(ctx, c.NodeName)
+	if err != nil {
+		if c.TabbyIPAM() {
+			return mtuResult{err: datastoreError(fmt.Errorf("tabby: listing the pools of node %s to work out the MTU: %w", c.NodeName, err))}
+		}
+		log.Warn("cannot list pools for MTU detection; ignoring encapsulation", "error", err)
+	}
+	return mtuResult{mtu: ComputeMTU(0, link, ps)}
+}
+
+func defaultRoutes(v4, v6 bool) []*types.Route {
+	var out []*types.Route
+	if v4 {
+		out = append(out, &types.Route{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: GatewayV4})
+	}
+	if v6 {
+		out = append(out, &types.Route{Dst: net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, GW: GatewayV6})
+	}
+	return out
+}
+
+func dnsSet(d types.DNS) bool {
+	return len(d.Nameservers) > 0 || d.Domain != "" || len(d.Search) > 0 || len(d.Options) > 0
+}
+
+// CmdDel unwires a pod and frees its addresses. The namespace, the veth and
+// the allocation may each be gone already; DEL then succeeds. The veth of a
+// newer sandbox of the same pod (same name, other alias) is left alone.
+func CmdDel(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slog.Logger) (types.Result, error) {
+	pod, err := ParseArgs(args.Args)
+	if err != nil {
+		log.Warn("ignoring malformed CNI_ARGS on DEL", "error", err)
+	}
+	hostVeth := HostVethName(pod, args.ContainerID, args.IfName)
+	att := Attachment{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}
+	deleted, err := DeleteHostVeth(hostVeth, att)
+	if err != nil {
+		return nil, fmt.Errorf("tabby: %w", err)
+	}
+	if !deleted {
+		if err := DeletePodLink(args.Netns, args.IfName); err != nil {
+			return nil, fmt.Errorf("tabby: deleting %s in the pod: %w", args.IfName, err)
+		}
+	}
+	if c.TabbyIPAM() {
+		alloc, err := d.allocator(ctx, c, log)
+		if err != nil {
+			return nil, err
+		}
+		if err := ipamRelease(ctx, c, c.HandleID(args.ContainerID), alloc); err != nil {
+			return nil, err
+		}
+	} else if err := cniipam.ExecDel(c.IPAMType, c.Raw); err != nil {
+		return nil, err
+	}
+	log.Info("deleted", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "vethFound", deleted)
+	return nil, nil
+}
+
+// CmdCheck verifies an attachment against its ADD result: the pod's
+// interface, addresses and routes, the host veth and route, and that IPAM
+// still holds the addresses.
+func CmdCheck(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slog.Logger) (types.Result, error) {
+	if c.PrevResult == nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "tabby: CHECK needs the ADD result (prevResult) in the config", "the runtime passes it; with cnitool, run ADD first")
+	}
+	prev, err := current.NewResultFromResult(c.PrevResult)
+	if err != nil {
+		return nil, fmt.Errorf("tabby: reading prevResult: %w", err)
+	}
+	pod, hostVeth, att, err := attachment(c, args)
+	if err != nil {
+		return nil, err
+	}
+	podIdx := -1
+	for i, intf := range prev.Interfaces {
+		if intf.Name == args.IfName && intf.Sandbox != "" {
+			podIdx = i
+		}
+	}
+	if podIdx < 0 {
+		return nil, fmt.Errorf("tabby: prevResult has no interface %s in a sandbox", args.IfName)
+	}
+	if prev.Interfaces[podIdx].Sandbox != args.Netns {
+		return nil, fmt.Errorf("tabby: prevResult puts %s in %s, but CHECK names %s", args.IfName, prev.Interfaces[podIdx].Sandbox, args.Netns)
+	}
+	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att), MTU: prev.Interfaces[podIdx].Mtu}
+	var ips []net.IP
+	for _, ipc := range prev.IPs {
+		if ipc.Interface != nil && *ipc.Interface != podIdx {
+			continue
+		}
+		w.IPs = append(w.IPs, hostPrefix(ipc.Address.IP))
+		ips = append(ips, ipc.Address.IP)
+	}
+	if len(w.IPs) == 0 {
+		return nil, fmt.Errorf("tabby: prevResult has no address for %s", args.IfName)
+	}
+	podNS, err := ns.GetNS(args.Netns)
+	if err != nil {
+		return nil, fmt.Errorf("tabby: opening the pod's network namespace %q: %w", args.Netns, err)
+	}
+	defer podNS.Close()
+	if err := CheckPod(podNS, w); err != nil {
+		return nil, fmt.Errorf("tabby: %s: %w", describe(pod, args.ContainerID), err)
+	}
+	if err := CheckHost(w); err != nil {
+		return nil, fmt.Errorf("tabby: %s: %w", describe(pod, args.ContainerID), err)
+	}
+	if c.TabbyIPAM() {
+		alloc, err := d.allocator(ctx, c, log)
+		if err != nil {
+			return nil, err
+		}
+		if err := ipamCheck(ctx, c, c.HandleID(args.ContainerID), ips, alloc); err != nil {
+			return nil, err
+		}
+	} else if err := cniipam.ExecCheck(c.IPAMType, c.Raw); err != nil {
+		return nil, err
+	}
+	return nil, nil
+}
+
+// CmdGC deletes the host veths of this network whose attachment is not in
+// cni.dev/valid-attachments and releases this node's handles of this
+// network whose container is not listed.
+func CmdGC(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slog.Logger) (types.Result, error) {
+	valid := map[Attachment]bool{}
+	for _, a := range c.ValidAttachments {
+		valid[Attachment{Network: c.Name, ContainerID: a.ContainerID, IfName: a.IfName}] = true
+	}
+	veths, err := HostVeths(c.Name)
+	if err != nil {
+		return nil, fmt.Errorf("tabby: %w", err)
+	}
+	var errs []error
+	for att, link := range veths {
+		if valid[att] {
+			continue
+		}
+		log.Info("gc: deleting host veth", "veth", link.Attrs().Name, "container", att.ContainerID, "ifname", att.IfName)
+		if _, err := DeleteHostVeth(link.Attrs().Name, att); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.TabbyIPAM() {
+		alloc, err := d.allocator(ctx, c, log)
+		if err != nil {
+			return nil, err
+		}
+		if err := ipamGC(ctx, c, alloc, log); err != nil {
+			errs = append(errs, err)
+		}
+	} else if err := invoke.DelegateGC(ctx, c.IPAMType, c.Raw, nil); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("tabby: gc: %w", err)
+	}
+	return nil, nil
+}
+
+// CmdStatus reports whether the plugin can serve ADD: the datastore answers
+// and a usable pool exists for this node.
+func CmdStatus(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slog.Logger) (types.Result, error) {
+	if !c.TabbyIPAM() {
+		return nil, invoke.DelegateStatus(ctx, c.IPAMType, c.Raw, nil)
+	}
+	alloc, err := d.allocator(ctx, c, log)
+	if err != nil {
+		return nil, types.NewError(ErrPluginNotAvailable, err.Error(), "")
+	}
+	return nil, ipamStatus(ctx, c, alloc)
+}

@@ -1,0 +1,322 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// RouteProtocol marks the routes tabby owns (the host-side pod routes); the
+// daemon recognises them by it. It is the rtnetlink protocol number shown by
+// `ip route` as "proto 80".
+const RouteProtocol netlink.RouteProtocol = 80
+
+// Link-local gateways every pod routes through. The host end of the veth
+// answers ARP for 169.254.1.1 by proxy and carries fe80::1 itself.
+var (
+	GatewayV4 = net.IPv4(169, 254, 1, 1).To4()
+	GatewayV6 = net.ParseIP("fe80::1")
+)
+
+// Wiring is what one attachment looks like in the kernel.
+type Wiring struct {
+	// HostVeth names the host end (in the node's namespace).
+	HostVeth string
+	// IfName is the pod end (in the pod's namespace).
+	IfName string
+	// Alias is written on the host end.
+	Alias string
+	// MTU of both ends.
+	MTU int
+	// IPs are the pod's addresses, as /32 and /128 host prefixes.
+	IPs []net.IPNet
+}
+
+func (w *Wiring) families() (v4, v6 bool) {
+	for _, a := range w.IPs {
+		if a.IP.To4() != nil {
+			v4 = true
+		} else {
+			v6 = true
+		}
+	}
+	return
+}
+
+// gatewayFor returns the gateway of an address's family.
+func gatewayFor(a net.IP) net.IP {
+	if a.To4() != nil {
+		return GatewayV4
+	}
+	return GatewayV6
+}
+
+// hostPrefix returns ip as a /32 or /128.
+func hostPrefix(a net.IP) net.IPNet {
+	if v4 := a.To4(); v4 != nil {
+		return net.IPNet{IP: v4, Mask: net.CIDRMask(32, 32)}
+	}
+	return net.IPNet{IP: a.To16(), Mask: net.CIDRMask(128, 128)}
+}
+
+// setSysctl writes a sysctl of the current thread's network namespace when
+// it does not already hold the value (writing ip_forward walks every device).
+func setSysctl(name, value string) error {
+	if cur, err := sysctl.Sysctl(name); err == nil && strings.TrimSpace(cur) == value {
+		return nil
+	}
+	if _, err := sysctl.Sysctl(name, value); err != nil {
+		return fmt.Errorf("setting sysctl %s=%s: %w", name, value, err)
+	}
+	return nil
+}
+
+// EnableForwarding turns IP forwarding on in the node's namespace (run it
+// there) for the families in use.
+func EnableForwarding(v4, v6 bool) error {
+	if v4 {
+		if err := setSysctl("net/ipv4/ip_forward", "1"); err != nil {
+			return err
+		}
+	}
+	if v6 {
+		if err := setSysctl("net/ipv6/conf/all/forwarding", "1"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RemoveStaleHostVeth deletes a link named w.HostVeth in the node's
+// namespace (run it there) that belongs to another attachment, such as an
+// earlier sandbox of the same pod. It refuses to touch a link that tabby did
+// not create.
+func RemoveStaleHostVeth(name string) (bool, error) {
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return false, nil
+		}
+		return false, fmt.Errorf("looking up link %s: %w", name, err)
+	}
+	if _, ok := ParseVethAlias(l.Attrs().Alias); !ok && l.Type() != "veth" {
+		return false, fmt.Errorf("a %s link named %s exists on this node and was not made by tabby: remove or rename it", l.Type(), name)
+	}
+	if err := netlink.LinkDel(l); err != nil && !isNotFound(err) {
+		return false, fmt.Errorf("deleting stale link %s (alias %q): %w", name, l.Attrs().Alias, err)
+	}
+	return true, nil
+}
+
+// SetupPod creates the veth pair from inside the pod's namespace with the
+// host end made directly in the node's namespace (nodeNS), and configures
+// the pod end: addresses, the link-local gateway routes. It returns both
+// interfaces for the CNI result. Run it in the node's namespace.
+func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interface, err error) {
+	v4, v6 := w.families()
+	hostIf = &current.Interface{Name: w.HostVeth}
+	podIf = &current.Interface{Name: w.IfName, Sandbox: podNS.Path(), Mtu: w.MTU}
+	err = podNS.Do(func(ns.NetNS) error {
+		hv, cv, err := ip.SetupVethWithName(w.IfName, w.HostVeth, w.MTU, "", nodeNS)
+		if err != nil {
+			return fmt.Errorf("creating veth %s (pod) / %s (node): %w", w.IfName, w.HostVeth, err)
+		}
+		hostIf.Mac = hv.HardwareAddr.String()
+		podIf.Mac = cv.HardwareAddr.String()
+		link, err := netlinksafe.LinkByName(w.IfName)
+		if err != nil {
+			return fmt.Errorf("looking up %s in the pod: %w", w.IfName, err)
+		}
+		if v6 {
+			// The pod may have IPv6 off by default; its address is set
+			// without DAD so it is usable at once.
+			_ = setSysctl("net/ipv6/conf/"+w.IfName+"/disable_ipv6", "0")
+			_ = setSysctl("net/ipv6/conf/"+w.IfName+"/accept_ra", "0")
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("bringing %s up in the pod: %w", w.IfName, err)
+		}
+		for _, a := range w.IPs {
+			addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP, Mask: a.Mask}}
+			if a.IP.To4() == nil {
+				addr.Flags = unix.IFA_F_NODAD
+			}
+			if err := netlink.AddrAdd(link, addr); err != nil {
+				return fmt.Errorf("adding address %s to %s in the pod: %w", a.String(), w.IfName, err)
+			}
+		}
+		idx := link.Attrs().Index
+		if v4 {
+			routes := []netlink.Route{
+				{LinkIndex: idx, Dst: &net.IPNet{IP: GatewayV4, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK},
+				{LinkIndex: idx, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: GatewayV4, Flags: int(netlink.FLAG_ONLINK)},
+			}
+			for i := range routes {
+				if err := netlink.RouteReplace(&routes[i]); err != nil {
+					return fmt.Errorf("adding route %s in the pod: %w", routes[i].String(), err)
+				}
+			}
+		}
+		if v6 {
+			r := netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: GatewayV6}
+			if err := netlink.RouteReplace(&r); err != nil {
+				return fmt.Errorf("adding route %s in the pod: %w", r.String(), err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return hostIf, podIf, nil
+}
+
+// SetupHost configures the host end in the node's namespace (run it there):
+// its alias, proxy ARP with no delay, forwarding, fe80::1 for IPv6, and a
+// route to every pod address through it, marked with RouteProtocol.
+func SetupHost(w *Wiring) error {
+	v4, v6 := w.families()
+	link, err := netlinksafe.LinkByName(w.HostVeth)
+	if err != nil {
+		return fmt.Errorf("looking up host veth %s: %w", w.HostVeth, err)
+	}
+	if err := netlink.LinkSetAlias(link, w.Alias); err != nil {
+		return fmt.Errorf("setting the alias of %s: %w", w.HostVeth, err)
+	}
+	if v4 {
+		for _, s := range [][2]string{
+			{"net/ipv4/conf/" + w.HostVeth + "/proxy_arp", "1"},
+			{"net/ipv4/neigh/" + w.HostVeth + "/proxy_delay", "0"},
+			{"net/ipv4/conf/" + w.HostVeth + "/forwarding", "1"},
+		} {
+			if err := setSysctl(s[0], s[1]); err != nil {
+				return err
+			}
+		}
+	}
+	if v6 {
+		for _, s := range [][2]string{
+			{"net/ipv6/conf/" + w.HostVeth + "/disable_ipv6", "0"},
+			{"net/ipv6/conf/" + w.HostVeth + "/accept_ra", "0"},
+			{"net/ipv6/conf/" + w.HostVeth + "/forwarding", "1"},
+		} {
+			if err := setSysctl(s[0], s[1]); err != nil {
+				return err
+			}
+		}
+		gw := &netlink.Addr{IPNet: &net.IPNet{IP: GatewayV6, Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
+		if err := netlink.AddrReplace(link, gw); err != nil {
+			return fmt.Errorf("adding %s to host veth %s: %w", gw.IPNet, w.HostVeth, err)
+		}
+	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("bringing %s up: %w", w.HostVeth, err)
+		}
+	}
+	for _, a := range w.IPs {
+		r := hostRoute(link.Attrs().Index, a)
+		if err := netlink.RouteReplace(&r); err != nil {
+			return fmt.Errorf("adding route %s dev %s: %w", a.String(), w.HostVeth, err)
+		}
+	}
+	return nil
+}
+
+func hostRoute(linkIndex int, a net.IPNet) netlink.Route {
+	r := netlink.Route{LinkIndex: linkIndex, Dst: &net.IPNet{IP: a.IP, Mask: a.Mask}, Protocol: RouteProtocol}
+	if a.IP.To4() != nil {
+		r.Scope = netlink.SCOPE_LINK
+	}
+	return r
+}
+
+// DeleteHostVeth deletes the host veth of an attachment in the node's
+// namespace (run it there): the link named name when its alias says it is
+// this attachment's, else any tabby link whose alias names the attachment.
+// Deleting it deletes the pod end and the routes through it. It reports
+// whether something was deleted; a missing link is not an error.
+func DeleteHostVeth(name string, att Attachment) (bool, error) {
+	alias := VethAlias(att)
+	if name != "" {
+		l, err := netlinksafe.LinkByName(name)
+		if err == nil && l.Attrs().Alias == alias {
+			if err := netlink.LinkDel(l); err != nil && !isNotFound(err) {
+				return false, fmt.Errorf("deleting host veth %s: %w", name, err)
+			}
+			return true, nil
+		}
+		if err != nil && !isNotFound(err) {
+			return false, fmt.Errorf("looking up host veth %s: %w", name, err)
+		}
+	}
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return false, fmt.Errorf("listing links: %w", err)
+	}
+	deleted := false
+	for _, l := range links {
+		if l.Attrs().Alias != alias {
+			continue
+		}
+		if err := netlink.LinkDel(l); err != nil && !isNotFound(err) {
+			return deleted, fmt.Errorf("deleting host veth %s: %w", l.Attrs().Name, err)
+		}
+		deleted = true
+	}
+	return deleted, nil
+}
+
+// HostVeths lists the attachments of a network that have a host veth in the
+// node's namespace (run it there), by the alias tabby writes.
+func HostVeths(network string) (map[Attachment]netlink.Link, error) {
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	out := map[Attachment]netlink.Link{}
+	for _, l := range links {
+		a, ok := ParseVethAlias(l.Attrs().Alias)
+		if !ok || a.Network != network {
+			continue
+		}
+		out[a] = l
+	}
+	return out, nil
+}
+
+// DeletePodLink deletes the pod end in the pod's namespace; a namespace or
+// link already gone is not an error.
+func DeletePodLink(netnsPath, ifName string) error {
+	if netnsPath == "" {
+		return nil
+	}
+	err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+		err := ip.DelLinkByName(ifName)
+		if err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+			return err
+		}
+		return nil
+	})
+	var notExist ns.NSPathNotExistErr
+	if err != nil && (errors.As(err, &notExist) || errors.Is(err, os.ErrNotExist)) {
+		return nil
+	}
+	return err
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
+}
