@@ -61,3 +61,24 @@ const (
 	// LabelRouteReflectorClusterID sets a reflector's cluster ID.
 	LabelRouteReflectorClusterID = "tabby.io/route-reflector-cluster-id"
 )
+
+// Node annotations. tabbyd publishes its node's routing identity on the
+// Kubernetes Node, where every other node reads it (as Calico does in its
+// Kubernetes-datastore mode); users set AnnotationASNumber to override the
+// cluster's AS number for one node.
+const (
+	// AnnotationNodeIPv4Address: the node's IPv4 address with its subnet's
+	// prefix length, e.g. "192.168.1.10/24" (the prefix makes CrossSubnet
+	// decidable by every peer).
+	AnnotationNodeIPv4Address = "tabby.io/ipv4-address"
+	// AnnotationNodeIPv6Address: the same for IPv6.
+	AnnotationNodeIPv6Address = "tabby.io/ipv6-address"
+	// AnnotationASNumber: this node's AS number, overriding BGPConfiguration.
+	AnnotationASNumber = "tabby.io/as-number"
+	// AnnotationVXLANTunnelMAC: the MAC of the node's VXLAN device.
+	AnnotationVXLANTunnelMAC = "tabby.io/vxlan-tunnel-mac"
+	// AnnotationVXLANTunnelAddress: the address of the node's VXLAN device.
+	AnnotationVXLANTunnelAddress = "tabby.io/vxlan-tunnel-address"
+	// AnnotationIPIPTunnelAddress: the address of the node's tunl0.
+	AnnotationIPIPTunnelAddress = "tabby.io/ipip-tunnel-address"
+)
