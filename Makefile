@@ -1,0 +1,67 @@
+# tabby: make build | make test | make e2e | make bench | make lab
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/tabbynet/tabby/internal/buildinfo.Version=$(VERSION)
+BINS := tabby tabby-ipam tabbyd tabby-scheduler-extender tabbyctl
+GOTEST_FLAGS ?= -count=1 -timeout 30m
+
+.PHONY: all build deps controlplane test e2e bench lab generate check-generated vet clean
+
+all: build
+
+## build: compile tabby's programs into ./bin
+build:
+	@mkdir -p bin
+	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINS))
+
+## deps: install the Debian packages tests and the lab need (as root)
+deps:
+	@hack/install-deps.sh
+
+## controlplane: build etcd, kube-apiserver, ... from the Go module proxy (cached in .cache/)
+controlplane:
+	@test/controlplane/build.sh >/dev/null
+
+## test: everything: unit tests, tests against the real API server, real-kernel and CNI end-to-end tests
+test: deps build controlplane vet
+	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test $(GOTEST_FLAGS) ./...
+
+## e2e: the end-to-end suites only
+e2e: deps build controlplane
+	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test $(GOTEST_FLAGS) -v ./test/e2e/...
+
+## bench: benchmarks against peers (see test/bench)
+bench: deps build controlplane
+	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test -count=1 -timeout 30m -run '^$$' -bench . -benchtime 200x ./test/bench/...
+
+## lab: the main job (see README)
+lab: deps build controlplane
+	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) ./bin/tabbyctl demo
+
+GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*')
+
+## vet: gofmt, go vet, and the generated code and CRDs match api/
+vet: check-generated
+	@test -z "$$(gofmt -l $(GOFILES))" || { gofmt -l $(GOFILES); echo "gofmt needed on the files above"; exit 1; }
+	go vet ./...
+
+.cache/controller-gen: hack/tools/go.mod hack/tools/go.sum
+	@mkdir -p .cache
+	cd hack/tools && go build -o $(CURDIR)/.cache/controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
+
+## check-generated: fail when deploy/crds or the deepcopy code is stale
+check-generated: .cache/controller-gen
+	@rm -rf .cache/gen && mkdir -p .cache/gen/crds
+	@.cache/controller-gen crd:crdVersions=v1,maxDescLen=400 paths=./api/... output:crd:dir=.cache/gen/crds
+	@diff -r deploy/crds .cache/gen/crds >/dev/null || { diff -r deploy/crds .cache/gen/crds | head -40; echo "deploy/crds is stale: run make generate"; exit 1; }
+	@cp api/v1/zz_generated.deepcopy.go .cache/gen/deepcopy.go && .cache/controller-gen object paths=./api/... && \
+	  { cmp -s api/v1/zz_generated.deepcopy.go .cache/gen/deepcopy.go || { cp .cache/gen/deepcopy.go api/v1/zz_generated.deepcopy.go; echo "api/v1/zz_generated.deepcopy.go is stale: run make generate"; exit 1; }; }
+
+## generate: regenerate deepcopy code and CRD manifests from api/
+generate: .cache/controller-gen
+	.cache/controller-gen object paths=./api/...
+	.cache/controller-gen crd:crdVersions=v1,maxDescLen=400 paths=./api/... output:crd:dir=./deploy/crds
+
+clean:
+	rm -rf bin
