@@ -31,9 +31,12 @@ test: deps build controlplane vet
 e2e: deps build controlplane
 	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test $(GOTEST_FLAGS) -v ./test/e2e/...
 
-## bench: benchmarks against peers (see test/bench)
+## bench: benchmarks against peers (see test/bench): ADD/DEL latency over 200
+## interleaved iterations, then three bursts of 100 pods (1 to 2 minutes)
 bench: deps build controlplane
-	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test -count=1 -timeout 30m -run '^$$' -bench . -benchtime 200x ./test/bench/...
+	export TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin; \
+	go test -count=1 -timeout 30m -run '^$$' -bench AddDel -benchtime 200x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench Burst -benchtime 3x ./test/bench/...
 
 ## lab: the main job (see README)
 lab: deps build controlplane
@@ -62,6 +65,7 @@ check-generated: .cache/controller-gen
 generate: .cache/controller-gen
 	.cache/controller-gen object paths=./api/...
 	.cache/controller-gen crd:crdVersions=v1,maxDescLen=400 paths=./api/... output:crd:dir=./deploy/crds
+	go generate ./deploy
 
 clean:
 	rm -rf bin

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tabbynet/tabby/installcni"
+)
+
+func init() { subcommands = append(subcommands, newInstallCNICommand) }
+
+func newInstallCNICommand() *cobra.Command {
+	o := installcni.Options{}
+	cmd := &cobra.Command{
+		Use:   "install-cni",
+		Short: "install tabby's CNI plugins, conflist and kubeconfig on this node (the DaemonSet's init container)",
+		Long: `install-cni copies the tabby and tabby-ipam binaries into the host's CNI bin
+dir and writes the network config list and a kubeconfig carrying the CNI
+service account's token into the host's CNI config dir. Each file is
+replaced atomically and only when its content changed; it prints what it did.
+
+In the tabby-node DaemonSet the host's /opt/cni/bin and /etc/cni/net.d are
+mounted under /host, the tabby-cni token Secret is mounted where a pod's
+service account credentials are, and NODE_NAME, KUBERNETES_SERVICE_HOST and
+KUBERNETES_SERVICE_PORT come from the pod.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.BinSource == "" {
+				dir, err := executableDir()
+				if err != nil {
+					return fmt.Errorf("finding the folder of tabbyctl to copy the plugins from: %w (pass --bin-source)", err)
+				}
+				o.BinSource = dir
+			}
+			if o.NodeName == "" {
+				o.NodeName = os.Getenv("NODE_NAME")
+			}
+			if o.APIServer == "" {
+				host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+				if host != "" && port != "" {
+					o.APIServer = "https://" + net.JoinHostPort(host, port)
+				}
+			}
+			res, err := installcni.Install(o)
+			if res != nil {
+				for _, f := range res.Files {
+					fmt.Fprintln(cmd.OutOrStdout(), f)
+				}
+				for _, w := range res.Warnings {
+					fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("install-cni: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "install-cni: %d of %d files changed\n", len(res.Changed()), len(res.Files))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.BinSource, "bin-source", "", "folder holding the plugin binaries to install (default: the folder of this tabbyctl)")
+	f.StringVar(&o.CNIBinDir, "cni-bin-dir", "/host"+installcni.DefaultCNIBinDir, "the host's CNI bin dir, as mounted here")
+	f.StringVar(&o.CNIConfDir, "cni-conf-dir", "/host"+installcni.DefaultCNIConfDir, "the host's CNI config dir, as mounted here")
+	f.StringVar(&o.HostCNIConfDir, "host-cni-conf-dir", installcni.DefaultCNIConfDir, "the CNI config dir as the host's container runtime sees it (named in the conflist)")
+	f.StringVar(&o.ConfName, "conf-name", installcni.DefaultConfName, "file name of the conflist")
+	f.StringVar(&o.NodeName, "nodename", "", "this node's name (default: $NODE_NAME)")
+	f.IntVar(&o.MTU, "mtu", 0, "MTU of pod interfaces (0: the plugin detects it)")
+	f.BoolVar(&o.Portmap, "portmap", true, "chain the portmap plugin (hostPort support) after tabby")
+	f.StringSliceVar(&o.OptionalPlugins, "optional-plugins", []string{"portmap"}, "plugins copied too when the --bin-source folder has them")
+	f.StringVar(&o.CNILogLevel, "cni-log-level", "", "the plugin's logLevel in the conflist: debug, info, warn, error (default: silent)")
+	f.StringVar(&o.APIServer, "apiserver", "", "the API server's URL as the node reaches it (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+	f.StringVar(&o.TokenFile, "token-file", installcni.DefaultTokenFile, "the CNI service account's token")
+	f.StringVar(&o.CAFile, "ca-file", installcni.DefaultCAFile, "the cluster's CA bundle")
+	return cmd
+}
+
+// executableDir is the folder of the running binary, symlinks resolved.
+func executableDir() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	if resolved, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = resolved
+	}
+	return filepath.Dir(exe), nil
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// testCA is a self-signed certificate (no key kept) standing for a cluster CA.
+const testCA = `-----BEGIN CERTIFICATE-----
+MIIBjTCCATOgAwIBAgIUUTrirPfvA4AieT2wmTEK9UUV0NowCgYIKoZIzj0EAwIw
+GzEZMBcGA1UEAwwQdGFiYnljdGwtdGVzdC1jYTAgFw0yNjExMjkxODU4MThaGA8y
+MTI2MTEwNTE4NTgxOFowGzEZMBcGA1UEAwwQdGFiYnljdGwtdGVzdC1jYTBZMBMG
+ByqGSM49AgEGCCqGSM49AwEHA0IABHcWF6UIXjVWfp7CEg0+TN/lwv7NjH5hsMUP
+YyAQvULZ4/cYbds+ES7DJwINrFF8um8Op9R72++bZ3UINTJWh0ajUzBRMB0GA1Ud
+DgQWBBQQ/BAKNDjBEPdqoaFe3xJUgyCp7TAfBgNVHSMEGDAWgBQQ/BAKNDjBEPdq
+oaFe3xJUgyCp7TAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUCIDcd
+WpDwgcEZ3ttLv6L7v2lLnpaozYbIXxhIE9m8mkzNAiEAzcuHJ95ur22AKPgNvG2Z
+cN1rka0GofnmvL7RQDGIT4E=
+-----END CERTIFICATE-----
+`
+
+// TestInstallCNICommand runs the command as the DaemonSet's init container
+// does: node name and API server from the pod's environment.
+func TestInstallCNICommand(t *testing.T) {
+	dir := t.TempDir()
+	src, host := filepath.Join(dir, "image"), filepath.Join(dir, "host")
+	write := func(path, data string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(data), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range []string{"tabby", "tabby-ipam", "portmap"} {
+		write(filepath.Join(src, b), "#!/bin/sh\n")
+	}
+	write(filepath.Join(dir, "sa/token"), "sa-token\n")
+	write(filepath.Join(dir, "sa/ca.crt"), testCA)
+	t.Setenv("NODE_NAME", "worker-7")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "fd00:10:96::1")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "443")
+
+	run := func(args ...string) (string, error) {
+		cmd := newInstallCNICommand()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append([]string{
+			"--cni-bin-dir", filepath.Join(host, "opt/cni/bin"),
+			"--cni-conf-dir", filepath.Join(host, "etc/cni/net.d"),
+			"--token-file", filepath.Join(dir, "sa/token"),
+			"--ca-file", filepath.Join(dir, "sa/ca.crt"),
+		}, args...))
+		cmd.SilenceUsage, cmd.SilenceErrors = true, true
+		err := cmd.Execute()
+		return out.String(), err
+	}
+
+	out, err := run("--bin-source", src, "--mtu", "1400")
+	if err != nil {
+		t.Fatalf("install-cni: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "opt/cni/bin/portmap: installed") || !strings.Contains(out, "5 of 5 files changed") {
+		t.Errorf("output:\n%s", out)
+	}
+	conflist, _ := os.ReadFile(filepath.Join(host, "etc/cni/net.d/10-tabby.conflist"))
+	for _, want := range []string{`"nodename": "worker-7"`, `"mtu": 1400`, `"kubeconfig": "/etc/cni/net.d/tabby-kubeconfig"`, `"type": "portmap"`} {
+		if !bytes.Contains(conflist, []byte(want)) {
+			t.Errorf("conflist lacks %s:\n%s", want, conflist)
+		}
+	}
+	kc, err := clientcmd.LoadFromFile(filepath.Join(host, "etc/cni/net.d/tabby-kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := kc.Clusters[kc.Contexts[kc.CurrentContext].Cluster].Server; s != "https://[fd00:10:96::1]:443" {
+		t.Errorf("server %q from KUBERNETES_SERVICE_HOST/PORT", s)
+	}
+
+	out, err = run("--bin-source", src, "--mtu", "1400")
+	if err != nil || !strings.Contains(out, "0 of 5 files changed") {
+		t.Errorf("second run: %v\n%s", err, out)
+	}
+
+	// Without --bin-source the plugins are looked for next to the running
+	// binary (here the test binary, which has none beside it).
+	out, err = run()
+	exe, _ := executableDir()
+	if err == nil || !strings.Contains(err.Error(), "tabby is missing from "+exe) {
+		t.Errorf("error %v, want tabby missing from %s\n%s", err, exe, out)
+	}
+}

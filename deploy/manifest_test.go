@@ -1,0 +1,496 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/installcni"
+	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/test/cluster/clustertest"
+)
+
+// forceConflicts lets kubectl's server-side apply take over the fields
+// that clustertest's installer set on the shared control plane (it creates
+// the policies with a plain create, so the server's defaults inside the
+// atomic spec.matchConstraints belong to it). A cluster where only kubectl
+// applied tabby.yaml has no such conflict: TestFreshClusterInstall applies
+// it twice without this flag.
+const forceConflicts = "--force-conflicts"
+
+const (
+	manifest  = "tabby.yaml"
+	namespace = "tabby-system"
+	cniUser   = "system:serviceaccount:tabby-system:tabby-cni"
+	nodeUser  = "system:serviceaccount:tabby-system:tabby-node"
+)
+
+// readmeInstall are the commands of the README's "Install on a cluster"
+// (run from deploy/ here). The CRDs go first: kubectl maps every object of
+// a file to a resource before it applies any, so on a cluster without
+// tabby's CRDs a single apply of tabby.yaml creates everything but the
+// IPPool ("no matches for kind IPPool"). TestFreshClusterInstall applies
+// tabby.yaml a second time, as an upgrade would.
+var readmeInstall = [][]string{
+	{"apply", "--server-side", "-f", "crds/"},
+	{"wait", "--for=condition=Established", "--timeout=60s", "-f", "crds/"},
+	{"apply", "--server-side", "-f", manifest},
+}
+
+// adminKubeconfig is an admin kubeconfig of the shared control plane.
+var adminKubeconfig string
+
+func TestMain(m *testing.M) {
+	clustertest.Main(m, func(c *cluster.Cluster) error {
+		if _, err := os.Stat(filepath.Join(c.BinDir, "kubectl")); err != nil {
+			return fmt.Errorf("kubectl is not among the control-plane binaries: %w", err)
+		}
+		adminKubeconfig = filepath.Join(c.Dir, "deploy-admin.kubeconfig")
+		return c.WriteKubeconfig(adminKubeconfig, "")
+	})
+}
+
+// kubectl runs the control plane's kubectl with a kubeconfig; stdout and
+// stderr are returned apart (kubectl warns on stderr).
+func kubectl(t *testing.T, kubeconfig string, stdin []byte, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(clustertest.Cluster().BinDir, "kubectl"),
+		append([]string{"--kubeconfig", kubeconfig, "--request-timeout", "60s"}, args...)...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	err = cmd.Run()
+	return o.String(), e.String(), err
+}
+
+func mustKubectl(t *testing.T, kubeconfig string, stdin []byte, args ...string) string {
+	t.Helper()
+	out, errOut, err := kubectl(t, kubeconfig, stdin, args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s%s", strings.Join(args, " "), err, out, errOut)
+	}
+	return out
+}
+
+func readManifest(t *testing.T) []byte {
+	t.Helper()
+	data, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// ensureNamespace creates tabby-system for real (a server-side dry run of
+// the namespaced objects needs it to exist).
+func ensureNamespace(t *testing.T) {
+	t.Helper()
+	objs, err := Objects(readManifest(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if objs[0].GetKind() != "Namespace" {
+		t.Fatalf("the first object of %s is a %s, want the Namespace", manifest, objs[0].GetKind())
+	}
+	doc, err := objs[0].MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustKubectl(t, adminKubeconfig, doc, "apply", "--server-side", "-f", "-")
+}
+
+var applied struct {
+	once sync.Once
+	err  error
+}
+
+// ensureApplied applies tabby.yaml for real, once per test binary.
+func ensureApplied(t *testing.T) {
+	t.Helper()
+	applied.once.Do(func() {
+		out, errOut, err := kubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "-f", manifest)
+		if err != nil {
+			applied.err = fmt.Errorf("kubectl apply --server-side -f %s: %v\n%s%s", manifest, err, out, errOut)
+		}
+	})
+	if applied.err != nil {
+		t.Fatal(applied.err)
+	}
+}
+
+// TestServerSideDryRun: the API server accepts every object of tabby.yaml
+// (schemas, CEL rules, admission policies, RBAC escalation checks) in a
+// server-side dry run, and the dry run writes nothing.
+func TestServerSideDryRun(t *testing.T) {
+	ensureNamespace(t)
+	objs, err := Objects(readManifest(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := clientset(t)
+	ctx := context.Background()
+	_, dsErr := cs.AppsV1().DaemonSets(namespace).Get(ctx, "tabby-node", metav1.GetOptions{})
+	existedBefore := !apierrors.IsNotFound(dsErr)
+
+	start := time.Now()
+	out := mustKubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-f", manifest)
+	t.Logf("server-side dry run of %d objects in %v", len(objs), time.Since(start).Round(time.Millisecond))
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != len(objs) {
+		t.Errorf("kubectl reported %d objects, the manifest has %d:\n%s", len(lines), len(objs), out)
+	}
+	for _, o := range objs {
+		want := fmt.Sprintf("/%s serverside-applied (server dry run)", o.GetName())
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q for the %s in:\n%s", want, o.GetKind(), out)
+		}
+	}
+	if !existedBefore {
+		if _, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "tabby-node", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the dry run created the DaemonSet (%v)", err)
+		}
+	}
+
+	// A client-side apply (plain kubectl apply -f) passes too.
+	out = mustKubectl(t, adminKubeconfig, nil, "apply", "--dry-run=server", "-f", manifest)
+	if n := strings.Count(out, "(server dry run)"); n != len(objs) {
+		t.Errorf("client-side apply: %d objects dry-run, want %d:\n%s", n, len(objs), out)
+	}
+
+	// The dry run really validates: a pool whose cidr has host bits is refused.
+	bad := bytes.Replace(readManifest(t), []byte("cidr: "+DefaultPodCIDR), []byte("cidr: 10.244.1.0/16"), 1)
+	_, errOut, err := kubectl(t, adminKubeconfig, bad, "apply", "--server-side", forceConflicts, "--dry-run=server", "-f", "-")
+	if err == nil || !strings.Contains(errOut, "host bits set") {
+		t.Errorf("a bad IPPool passed the dry run (%v): %s", err, errOut)
+	}
+}
+
+func clientset(t *testing.T) *kubernetes.Clientset {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(clustertest.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// TestDaemonSetPodAdmitted: a pod made from the DaemonSet's template, as
+// the DaemonSet controller would make it, passes admission (Pod Security,
+// priority class, service accounts) in a dry run, and the install-cni
+// container carries the tabby-cni token where its service account's would be.
+func TestDaemonSetPodAdmitted(t *testing.T) {
+	ensureApplied(t)
+	cs := clientset(t)
+	ctx := context.Background()
+	ds, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "tabby-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: *ds.Spec.Template.ObjectMeta.DeepCopy(), Spec: *ds.Spec.Template.Spec.DeepCopy()}
+	pod.Name, pod.Namespace, pod.Spec.NodeName = "tabby-node-test", namespace, "node-1"
+	got, err := cs.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		t.Fatalf("the DaemonSet's pod is refused: %v", err)
+	}
+	if got.Spec.Priority == nil || *got.Spec.Priority < 2000000000 {
+		t.Errorf("priority %v, want system-node-critical's", got.Spec.Priority)
+	}
+	const saPath = "/var/run/secrets/kubernetes.io/serviceaccount"
+	volumeAt := func(c corev1.Container) []string {
+		var names []string
+		for _, m := range c.VolumeMounts {
+			if m.MountPath == saPath {
+				names = append(names, m.Name)
+			}
+		}
+		return names
+	}
+	if v := volumeAt(got.Spec.InitContainers[0]); len(v) != 1 || v[0] != "tabby-cni-token" {
+		t.Errorf("install-cni has %v at %s, want only the tabby-cni-token Secret", v, saPath)
+	}
+	if v := volumeAt(got.Spec.Containers[0]); len(v) != 1 || !strings.HasPrefix(v[0], "kube-api-access-") {
+		t.Errorf("tabbyd has %v at %s, want its own service account's token", v, saPath)
+	}
+}
+
+// TestRBACLeastPrivilege asks the API server what each service account may
+// do, after applying the RBAC for real.
+func TestRBACLeastPrivilege(t *testing.T) {
+	ensureApplied(t)
+	type check struct {
+		user, verb, resource, ns string
+		allowed                  bool
+	}
+	var checks []check
+	add := func(user string, allowed bool, ns string, verbResources ...string) {
+		for _, vr := range verbResources {
+			verb, resource, _ := strings.Cut(vr, " ")
+			checks = append(checks, check{user, verb, resource, ns, allowed})
+		}
+	}
+	ipamKinds := []string{"ipamblocks.tabby.io", "blockaffinities.tabby.io", "ipamhandles.tabby.io"}
+	for _, r := range ipamKinds {
+		for _, v := range []string{"get", "list", "create", "update", "delete"} {
+			add(cniUser, true, "", v+" "+r)
+			add(nodeUser, true, "", v+" "+r)
+		}
+		add(cniUser, false, "", "watch "+r, "patch "+r, "deletecollection "+r)
+		add(nodeUser, true, "", "watch "+r)
+	}
+	// The CNI plugin: reads its pod, namespace and node, and the pools.
+	add(cniUser, true, "default", "get pods")
+	add(cniUser, true, "", "get namespaces", "get nodes",
+		"get ippools.tabby.io", "list ippools.tabby.io", "get ipamconfigurations.tabby.io", "list ipamconfigurations.tabby.io")
+	add(cniUser, false, "default", "list pods", "delete pods", "create pods", "patch pods", "get secrets", "create events")
+	add(cniUser, false, namespace, "get secrets", "list secrets", "get configmaps", "create leases.coordination.k8s.io")
+	add(cniUser, false, "kube-system", "get secrets")
+	add(cniUser, false, "", "list nodes", "patch nodes", "delete nodes", "list namespaces",
+		"create ippools.tabby.io", "update ippools.tabby.io", "delete ippools.tabby.io", "update ipamconfigurations.tabby.io",
+		"get bgppeers.tabby.io", "get bgpconfigurations.tabby.io", "list networkpolicies.networking.k8s.io",
+		"create customresourcedefinitions.apiextensions.k8s.io", "create clusterrolebindings.rbac.authorization.k8s.io")
+	// tabbyd: watches what it reads, patches nodes, BGP secrets and leases
+	// in its own namespace only.
+	add(nodeUser, true, "", "watch nodes", "list nodes", "patch nodes", "patch nodes/status",
+		"watch pods", "watch namespaces", "watch networkpolicies.networking.k8s.io",
+		"watch ippools.tabby.io", "watch ipamconfigurations.tabby.io", "watch bgpconfigurations.tabby.io", "watch bgppeers.tabby.io")
+	add(nodeUser, true, "default", "create events", "create events.events.k8s.io")
+	add(nodeUser, true, namespace, "get secrets", "watch secrets",
+		"get leases.coordination.k8s.io", "create leases.coordination.k8s.io", "update leases.coordination.k8s.io")
+	add(nodeUser, false, "", "update nodes", "create nodes", "delete nodes", "update nodes/status",
+		"create ippools.tabby.io", "update ippools.tabby.io", "delete ippools.tabby.io",
+		"update bgppeers.tabby.io", "create bgpconfigurations.tabby.io", "update ipamconfigurations.tabby.io")
+	add(nodeUser, false, "default", "get secrets", "delete pods", "create pods", "patch pods", "create networkpolicies.networking.k8s.io", "delete events")
+	add(nodeUser, false, "kube-system", "get secrets", "list secrets", "create leases.coordination.k8s.io")
+	add(nodeUser, false, namespace, "create secrets", "update secrets", "delete leases.coordination.k8s.io", "create serviceaccounts/token")
+
+	start := time.Now()
+	sem := make(chan struct{}, 4)
+	t.Run("can-i", func(t *testing.T) {
+		for _, c := range checks {
+			name := strings.TrimPrefix(c.user, "system:serviceaccount:tabby-system:") + " " + c.verb + " " + c.resource
+			if c.ns != "" {
+				name += " -n " + c.ns
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				args := []string{"auth", "can-i", c.verb, c.resource, "--as", c.user}
+				if resource, sub, ok := strings.Cut(c.resource, "/"); ok {
+					args = []string{"auth", "can-i", c.verb, resource, "--subresource", sub, "--as", c.user}
+				}
+				if c.ns != "" {
+					args = append(args, "-n", c.ns)
+				} else if c.resource == "pods" || c.resource == "networkpolicies.networking.k8s.io" {
+					args = append(args, "--all-namespaces")
+				}
+				out, errOut, err := kubectl(t, adminKubeconfig, nil, args...)
+				answer := strings.TrimSpace(out)
+				if answer != "yes" && answer != "no" {
+					t.Fatalf("kubectl %s: %v: %s%s", strings.Join(args, " "), err, out, errOut)
+				}
+				if got := answer == "yes"; got != c.allowed {
+					t.Errorf("allowed %v, want %v", got, c.allowed)
+				}
+			})
+		}
+	})
+	t.Logf("%d can-i checks in %v", len(checks), time.Since(start).Round(time.Millisecond))
+}
+
+// TestCNICredentialsDoIPAM: with kube-controller-manager filling in the
+// tabby-cni token Secret, install-cni writes a kubeconfig from it that lets
+// tabby's IPAM give a pod an address and free it — and no more.
+func TestCNICredentialsDoIPAM(t *testing.T) {
+	ensureApplied(t)
+	c := clustertest.Cluster()
+	cs := clientset(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	kcm := startTokenController(t, c)
+	var secret *corev1.Secret
+	for {
+		s, err := cs.CoreV1().Secrets(namespace).Get(ctx, "tabby-cni-token", metav1.GetOptions{})
+		if err == nil && len(s.Data["token"]) > 0 && len(s.Data["ca.crt"]) > 0 {
+			secret = s
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("kube-controller-manager did not fill in the Secret tabby-cni-token (last: %v); its log is %s (%s=1 keeps it)", err, kcm.LogPath, clustertest.EnvKeep)
+		case <-kcm.Done():
+			_, exit := kcm.Exited()
+			t.Fatalf("kube-controller-manager exited (%v); its log is %s (%s=1 keeps it)", exit, kcm.LogPath, clustertest.EnvKeep)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+
+	// The Secret's files, as the DaemonSet mounts them into install-cni.
+	dir := t.TempDir()
+	sa := filepath.Join(dir, "serviceaccount")
+	if err := os.Mkdir(sa, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range secret.Data {
+		if err := os.WriteFile(filepath.Join(sa, k), v, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "image")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range installcni.DefaultPlugins {
+		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host := filepath.Join(dir, "host")
+	if _, err := installcni.Install(installcni.Options{
+		BinSource: bin, HostRoot: host, NodeName: "cni-node", APIServer: c.Server,
+		TokenFile: filepath.Join(sa, "token"), CAFile: filepath.Join(sa, "ca.crt"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	rc, err := datastore.LoadConfig(filepath.Join(host, "etc/cni/net.d/tabby-kubeconfig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := datastore.New(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.Ping(ctx); err != nil {
+		t.Fatalf("the CNI's kubeconfig cannot reach the API server: %v", err)
+	}
+
+	// What kubelet would have made: the node and the pod being wired.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cni-node"}}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "cni-pod", Namespace: "default"},
+		Spec:       corev1.PodSpec{NodeName: "cni-node", Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
+	}
+	if _, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.CoreV1().Pods("default").Delete(context.Background(), "cni-pod", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+	})
+
+	m := ipam.New(ds)
+	const handle = "k8s-pod-network.0123456789abcdef"
+	got, err := m.Assign(ctx, ipam.Request{HandleID: handle, Node: "cni-node", Namespace: "default", Pod: "cni-pod", IPv4: true})
+	if err != nil {
+		t.Fatalf("IPAM with the tabby-cni credentials: %v", err)
+	}
+	_, poolNet, _ := net.ParseCIDR(DefaultPodCIDR)
+	if len(got) != 1 || !poolNet.Contains(got[0].IP) {
+		t.Fatalf("assigned %v, want one address of %s", got, DefaultPodCIDR)
+	}
+	t.Logf("tabby-cni got %s from %s", got[0].IP, got[0].Block)
+	if err := m.ReleaseHandle(ctx, handle, "cni-node"); err != nil {
+		t.Fatalf("releasing with the tabby-cni credentials: %v", err)
+	}
+	if ips, err := m.HandleIPs(ctx, handle); err == nil && len(ips) != 0 {
+		t.Errorf("still held after the release: %v", ips)
+	}
+
+	// And no more.
+	err = ds.Pods("default").Delete(ctx, "cni-pod", metav1.DeleteOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("tabby-cni deleting a pod: %v, want Forbidden", err)
+	}
+	err = ds.CoreREST().Get().Namespace(namespace).Resource("secrets").Do(ctx).Error()
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("tabby-cni listing secrets: %v, want Forbidden", err)
+	}
+}
+
+// startTokenController runs kube-controller-manager with only the
+// service-account token controller, which fills in token Secrets.
+func startTokenController(t *testing.T, c *cluster.Cluster) *cluster.Process {
+	t.Helper()
+	port, err := cluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(c.Dir, "token-controller.kubeconfig")
+	if err := c.WriteKubeconfig(kc, ""); err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.StartProcess("kube-controller-manager",
+		"--kubeconfig", kc, "--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(port),
+		"--leader-elect=false", "--use-service-account-credentials=false",
+		"--service-account-private-key-file", c.ServiceAccountKeyFile, "--root-ca-file", c.CAFile,
+		"--controllers", "serviceaccount-token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Stop(5 * time.Second) })
+	return p
+}
+
+// TestFreshClusterInstall follows the README on a control plane that has
+// never seen tabby: the commands of "Install on a cluster" leave every
+// object of tabby.yaml in place.
+func TestFreshClusterInstall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	c, err := cluster.Start(ctx, cluster.Options{BinDir: clustertest.Cluster().BinDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := c.WriteKubeconfig(kc, ""); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	// As in the README.
+	for _, args := range readmeInstall {
+		mustKubectl(t, kc, nil, args...)
+	}
+	mustKubectl(t, kc, nil, readmeInstall[len(readmeInstall)-1]...)
+	t.Logf("fresh control plane in %v, README install in %v", started.Sub(start).Round(time.Millisecond), time.Since(started).Round(time.Millisecond))
+	objs, err := Objects(readManifest(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		resource := strings.ToLower(o.GetKind())
+		if group, _, ok := strings.Cut(o.GetAPIVersion(), "/"); ok {
+			resource += "." + group
+		}
+		args := []string{"get", resource, o.GetName(), "-o", "name"}
+		if o.GetNamespace() != "" {
+			args = append(args, "-n", o.GetNamespace())
+		}
+		if _, errOut, err := kubectl(t, kc, nil, args...); err != nil {
+			t.Errorf("%s %s is missing after the install: %s", o.GetKind(), o.GetName(), errOut)
+		}
+	}
+}
