@@ -1,0 +1,338 @@
+// Package bench compares tabby's CNI plugins with the reference bridge and
+// host-local plugins on this machine, through libcni as a container runtime
+// drives them, against a real API server (test/cluster):
+//
+//   - BenchmarkCNIAddDel: ADD and DEL latency (p50, p99) of one pod at a
+//     time, tabby and bridge+host-local interleaved in every iteration;
+//   - BenchmarkCNIBurst100: the wall time of 100 ADDs at once on one node,
+//     then 100 DELs at once.
+//
+// Run them with `make bench`. tabby runs as the README configures it: the
+// tabby plugin with tabby-ipam, a kubeconfig, MTU detection and a Pod
+// object per pod (so the pod's annotations are read). The plugins come from
+// $TABBY_BIN_DIR, else they are built first.
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/test/testnet"
+)
+
+// The reference plugins (Debian's 1.1.x) speak CNI up to 1.0.0; both
+// networks use that version so that libcni does the same work for each.
+const cniVersion = "1.0.0"
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	// Without -bench (go test ./... in make test) only the unit tests
+	// run: no control plane is needed.
+	flag.Parse()
+	if flag.Lookup("test.bench").Value.String() == "" {
+		os.Exit(m.Run())
+	}
+	clustertest.Main(m, func(c *cluster.Cluster) (err error) {
+		if binDir, err = testnet.PluginDir(filepath.Join(c.Dir, "cni-bin")); err != nil {
+			return err
+		}
+		ds, err := datastore.New(c.RESTConfig())
+		if err != nil {
+			return err
+		}
+		_, err = ds.IPPools.Create(context.Background(), &tabbyv1.IPPool{
+			ObjectMeta: metav1.ObjectMeta{Name: "bench-pool"},
+			Spec:       tabbyv1.IPPoolSpec{CIDR: "10.244.0.0/16"},
+		}, metav1.CreateOptions{})
+		return err
+	})
+}
+
+// subject is one network under test on the node.
+type subject struct {
+	name string
+	list *libcni.NetworkConfigList
+	// podObjects: the pods need Pod objects (tabby reads them).
+	podObjects bool
+}
+
+// setup makes a node and the two networks; the benchmark's cleanup
+// removes them.
+func setup(b *testing.B, name string) (*testnet.Node, []*subject) {
+	b.Helper()
+	n, err := testnet.NewNode(context.Background(), testnet.NodeOptions{
+		Name:       name,
+		Dir:        b.TempDir(),
+		PluginDirs: []string{binDir, testnet.ReferencePluginDir},
+		Cluster:    clustertest.Cluster(),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			b.Errorf("removing node %s: %v", name, err)
+		}
+	})
+	tabby, err := testnet.ConfList(cniVersion, n.TabbyConf(nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	bridge, err := testnet.ConfList(cniVersion, map[string]any{
+		"type": "bridge", "bridge": "cni0", "isGateway": true,
+		"ipam": map[string]any{
+			"type":    "host-local",
+			"dataDir": filepath.Join(n.Dir, "host-local"),
+			"ranges":  [][]map[string]any{{{"subnet": "10.245.0.0/16"}}},
+			"routes":  []map[string]any{{"dst": "0.0.0.0/0"}},
+		},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n, []*subject{{name: "tabby", list: tabby, podObjects: true}, {name: "bridge", list: bridge}}
+}
+
+// makePods makes count pod namespaces (and Pod objects when s needs them)
+// named prefix-i.
+func makePods(ctx context.Context, n *testnet.Node, s *subject, prefix string, count int) ([]*testnet.Pod, error) {
+	pods := make([]*testnet.Pod, count)
+	err := parallel(count, func(i int) (err error) {
+		if pods[i], err = testnet.NewPod("default", fmt.Sprintf("%s-%d", prefix, i)); err != nil {
+			return err
+		}
+		if s.podObjects {
+			return n.CreatePodObject(ctx, pods[i], nil)
+		}
+		return nil
+	})
+	if err != nil {
+		removePods(n, s, pods)
+		return nil, err
+	}
+	return pods, nil
+}
+
+// removePods removes what makePods made (after DEL, as a runtime does).
+func removePods(n *testnet.Node, s *subject, pods []*testnet.Pod) {
+	_ = parallel(len(pods), func(i int) error {
+		if p := pods[i]; p != nil {
+			_ = p.Close()
+			if s.podObjects {
+				_ = n.DeletePodObject(context.Background(), p)
+			}
+		}
+		return nil
+	})
+}
+
+// parallel runs f(0..count-1) at once and joins their errors.
+func parallel(count int, f func(i int) error) error {
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Go(func() { errs[i] = f(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// BenchmarkCNIAddDel: one pod's ADD then DEL, for tabby and for
+// bridge+host-local in every iteration (their order alternating), so noise
+// on the machine hits both alike. Making the pod's namespace and Pod object
+// is not timed. One untimed warm-up round first (tabby claims its block).
+func BenchmarkCNIAddDel(b *testing.B) {
+	n, subjects := setup(b, "bench-latency")
+	ctx := context.Background()
+	type samples struct{ add, del []time.Duration }
+	got := map[string]*samples{}
+	round := func(i int, s *subject) {
+		pods, err := makePods(ctx, n, s, fmt.Sprintf("lat-%s", s.name), 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer removePods(n, s, pods)
+		b.StartTimer()
+		t0 := time.Now()
+		_, err = n.Add(ctx, s.list, pods[0], nil)
+		t1 := time.Now()
+		if err == nil {
+			err = n.Del(ctx, s.list, pods[0], nil)
+		}
+		t2 := time.Now()
+		b.StopTimer()
+		if err != nil {
+			b.Fatalf("%s, iteration %d: %v", s.name, i, err)
+		}
+		if i >= 0 {
+			got[s.name].add = append(got[s.name].add, t1.Sub(t0))
+			got[s.name].del = append(got[s.name].del, t2.Sub(t1))
+		}
+	}
+	for _, s := range subjects {
+		got[s.name] = &samples{}
+		round(-1, s)
+	}
+	// b.Loop wants the timer running when it is called; round leaves it
+	// stopped.
+	b.StartTimer()
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		for j := range subjects {
+			round(i, subjects[(i+j)%len(subjects)])
+		}
+		b.StartTimer()
+	}
+
+	tb, br := got["tabby"], got["bridge"]
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(os.Stdout, "\nCNI ADD and DEL of one pod through libcni, %d interleaved iterations (ms)\n", len(tb.add))
+	fmt.Fprintln(w, "network\tADD p50\tADD p99\tDEL p50\tDEL p99\t")
+	for _, s := range subjects {
+		add, del := got[s.name].add, got[s.name].del
+		name := s.name
+		if name == "bridge" {
+			name = "bridge+host-local"
+		}
+		fmt.Fprintf(w, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t\n", name, ms(quantile(add, .5)), ms(quantile(add, .99)), ms(quantile(del, .5)), ms(quantile(del, .99)))
+		for _, q := range []struct {
+			name string
+			v    time.Duration
+		}{{"add-p50", quantile(add, .5)}, {"add-p99", quantile(add, .99)}, {"del-p50", quantile(del, .5)}, {"del-p99", quantile(del, .99)}} {
+			b.ReportMetric(ms(q.v), s.name+"-"+q.name+"-ms")
+		}
+	}
+	ratio := func(tv, bv []time.Duration, q float64) float64 {
+		return float64(quantile(tv, q)) / float64(quantile(bv, q))
+	}
+	fmt.Fprintf(w, "tabby / bridge\t%.2fx\t%.2fx\t%.2fx\t%.2fx\t\n", ratio(tb.add, br.add, .5), ratio(tb.add, br.add, .99), ratio(tb.del, br.del, .5), ratio(tb.del, br.del, .99))
+	_ = w.Flush()
+	b.ReportMetric(ratio(tb.add, br.add, .5), "add-p50-ratio")
+	b.ReportMetric(ratio(tb.add, br.add, .99), "add-p99-ratio")
+	b.ReportMetric(ratio(tb.del, br.del, .5), "del-p50-ratio")
+	b.ReportMetric(ratio(tb.del, br.del, .99), "del-p99-ratio")
+}
+
+// BenchmarkCNIBurst100: 100 pods created at once on one node (100
+// concurrent ADDs, their namespaces made beforehand), then removed at once
+// (100 concurrent DELs), for tabby and for bridge+host-local in every
+// iteration. Every pod must get its own address.
+func BenchmarkCNIBurst100(b *testing.B) {
+	const pods = 100
+	n, subjects := setup(b, "bench-burst")
+	ctx := context.Background()
+	adds, dels := map[string][]time.Duration{}, map[string][]time.Duration{}
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		for j := range subjects {
+			s := subjects[(i+j)%len(subjects)]
+			add, del, err := burst(ctx, b, n, s, fmt.Sprintf("burst-%s-%d", s.name, i), pods)
+			if err != nil {
+				b.Fatalf("%s burst %d: %v", s.name, i, err)
+			}
+			adds[s.name] = append(adds[s.name], add)
+			dels[s.name] = append(dels[s.name], del)
+		}
+		b.StartTimer()
+	}
+	fmt.Fprintf(os.Stdout, "\n%d pods at once on one node through libcni, %d burst(s) each (seconds, median)\n", pods, len(adds["tabby"]))
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "network\t100 ADDs\t100 DELs\t")
+	for _, s := range subjects {
+		add, del := quantile(adds[s.name], .5).Seconds(), quantile(dels[s.name], .5).Seconds()
+		name := s.name
+		if name == "bridge" {
+			name = "bridge+host-local"
+		}
+		fmt.Fprintf(w, "%s\t%.2f\t%.2f\t\n", name, add, del)
+		b.ReportMetric(add, s.name+"-burst-add-s")
+		b.ReportMetric(del, s.name+"-burst-del-s")
+	}
+	_ = w.Flush()
+}
+
+// burst makes count pods, times count concurrent ADDs and then count
+// concurrent DELs, and checks that no address was handed out twice.
+func burst(ctx context.Context, b *testing.B, n *testnet.Node, s *subject, prefix string, count int) (add, del time.Duration, err error) {
+	pods, err := makePods(ctx, n, s, prefix, count)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer removePods(n, s, pods)
+	addrs := make([]net.IP, count)
+	b.StartTimer()
+	t0 := time.Now()
+	err = parallel(count, func(i int) error {
+		res, err := n.Add(ctx, s.list, pods[i], nil)
+		if err == nil {
+			addrs[i] = testnet.ResultIPs(res, false)[0]
+		}
+		return err
+	})
+	t1 := time.Now()
+	b.StopTimer()
+	if err != nil {
+		return 0, 0, fmt.Errorf("ADD: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, a := range addrs {
+		seen[a.String()] = true
+	}
+	if len(seen) != count {
+		return 0, 0, fmt.Errorf("%d pods got %d distinct addresses", count, len(seen))
+	}
+	b.StartTimer()
+	t2 := time.Now()
+	err = parallel(count, func(i int) error { return n.Del(ctx, s.list, pods[i], nil) })
+	t3 := time.Now()
+	b.StopTimer()
+	if err != nil {
+		return 0, 0, fmt.Errorf("DEL: %w", err)
+	}
+	return t1.Sub(t0), t3.Sub(t2), nil
+}
+
+// quantile is the nearest-rank q-quantile of ds.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(ds))
+	i := int(q*float64(len(s))+0.999999) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func TestQuantile(t *testing.T) {
+	var ds []time.Duration
+	for i := 100; i >= 1; i-- {
+		ds = append(ds, time.Duration(i))
+	}
+	for q, want := range map[float64]time.Duration{.5: 50, .99: 99, 1: 100, 0: 1} {
+		if got := quantile(ds, q); got != want {
+			t.Errorf("quantile(1..100, %v) = %v, want %v", q, got, want)
+		}
+	}
+	if got := quantile([]time.Duration{7}, .99); got != 7 {
+		t.Errorf("quantile of one sample = %v", got)
+	}
+}

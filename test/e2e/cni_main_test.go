@@ -1,0 +1,30 @@
+// Package e2e holds tabby's end-to-end suites. They need root, network
+// namespaces and a real control plane (test/cluster), and fail with the
+// reason when they cannot have them.
+//
+// The CNI suites (cni*_test.go) build the plugins, then drive them through
+// libcni as a container runtime would: the runtime runs on a thread inside
+// a network namespace that stands for the node (so exec'd plugins run
+// there), pods are namespaces the tests create, and the API server is
+// reached through a forwarder on the node's loopback.
+package e2e
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/test/testnet"
+)
+
+// cniBinDir holds the tabby and tabby-ipam binaries under test:
+// $TABBY_BIN_DIR, else TestMain builds them into the control plane's folder.
+var cniBinDir string
+
+func TestMain(m *testing.M) {
+	clustertest.Main(m, func(c *cluster.Cluster) (err error) {
+		cniBinDir, err = testnet.PluginDir(filepath.Join(c.Dir, "cni-bin"))
+		return err
+	})
+}
