@@ -13,8 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -136,7 +138,9 @@ func New(cfg *rest.Config) (*Client, error) {
 	coreCfg.APIPath = "/api"
 	coreCfg.NegotiatedSerializer = Codecs.WithoutConversion()
 	coreCfg.ContentType = runtime.ContentTypeJSON
-	// One HTTP client (one TLS connection pool) serves both groups.
+	// One HTTP client (one TLS connection pool) serves both groups, and the
+	// first request opens the one connection the others then share.
+	tabbyCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &firstDialGate{next: rt, ready: make(chan struct{})} })
 	httpClient, err := rest.HTTPClientFor(tabbyCfg)
 	if err != nil {
 		return nil, fmt.Errorf("building the HTTP client: %w", err)
@@ -178,6 +182,34 @@ func newClient(tabbyREST, coreREST rest.Interface, host string) *Client {
 		host:  host,
 	}
 }
+
+// firstDialGate holds back requests made while the first one is in flight.
+// A fresh client that sends several requests at once (the CNI plugin reads
+// the pod, its namespace, the pools and the node's blocks concurrently)
+// would otherwise open one TLS connection for each, paying a handshake for
+// every one; once the first response arrives its HTTP/2 connection is pooled
+// and carries the rest.
+type firstDialGate struct {
+	next    http.RoundTripper
+	started atomic.Bool
+	ready   chan struct{}
+}
+
+func (g *firstDialGate) RoundTrip(req *http.Request) (*http.Response, error) {
+	if g.started.CompareAndSwap(false, true) {
+		defer close(g.ready)
+		return g.next.RoundTrip(req)
+	}
+	select {
+	case <-g.ready:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	return g.next.RoundTrip(req)
+}
+
+// WrappedRoundTripper lets client-go's debugging wrappers see through the gate.
+func (g *firstDialGate) WrappedRoundTripper() http.RoundTripper { return g.next }
 
 // Ping checks that the API server answers and tabby's CRDs are installed,
 // within the context's deadline.

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
+
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +37,39 @@ type IPAM struct {
 	ds  *datastore.Client
 	log *slog.Logger
 	now func() time.Time
+
+	// The pool list is shared by calls that run close together (the CNI
+	// plugin works out the MTU from the pools while it assigns addresses).
+	poolsOnce singleflight.Group
+	poolsMu   sync.Mutex
+	pools     []tabbyv1.IPPool
+	poolsAt   time.Time
+	poolsTTL  time.Duration
+}
+
+// listPools returns every IPPool; concurrent calls share one list, and with
+// WithPoolListReuse a list is reused for a while.
+func (m *IPAM) listPools(ctx context.Context) ([]tabbyv1.IPPool, error) {
+	m.poolsMu.Lock()
+	if m.pools != nil && m.now().Sub(m.poolsAt) < m.poolsTTL {
+		defer m.poolsMu.Unlock()
+		return m.pools, nil
+	}
+	m.poolsMu.Unlock()
+	v, err, _ := m.poolsOnce.Do("pools", func() (any, error) {
+		l, err := m.ds.IPPools.List(ctx, cached)
+		if err != nil {
+			return nil, wrapDS(m.ds, fmt.Errorf("listing IP pools: %w", err))
+		}
+		m.poolsMu.Lock()
+		m.pools, m.poolsAt = l.Items, m.now()
+		m.poolsMu.Unlock()
+		return l.Items, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]tabbyv1.IPPool), nil
 }
 
 // Option configures an IPAM.
@@ -42,6 +77,12 @@ type Option func(*IPAM)
 
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(m *IPAM) { m.log = l } }
+
+// WithPoolListReuse reuses a list of the pools for ttl. A short-lived caller
+// such as the CNI plugin, which reads the pools for the MTU and again to
+// assign, saves a request; pools change rarely, and a list a second old is
+// no staler than the watch cache it came from.
+func WithPoolListReuse(ttl time.Duration) Option { return func(m *IPAM) { m.poolsTTL = ttl } }
 
 // New returns an allocator working on the datastore.
 func New(ds *datastore.Client, opts ...Option) *IPAM {
@@ -120,20 +161,16 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		l, err := m.ds.IPPools.List(ctx, cached)
-		if err != nil {
-			poolErr = fmt.Errorf("listing IP pools: %w", err)
-			return
-		}
-		st.poolList = l.Items
+		st.poolList, poolErr = m.listPools(ctx)
 	}()
 	go func() {
 		defer wg.Done()
 		st.nodeBlocks, blockErr = m.nodeBlocks(ctx, st.req.Node, true)
+		blockErr = wrapDS(m.ds, blockErr)
 	}()
 	wg.Wait()
 	if err := errors.Join(poolErr, blockErr); err != nil {
-		return wrapDS(m.ds, err)
+		return err
 	}
 	st.pools = newPoolSet(st.poolList)
 	if needsNode(st.poolList) {

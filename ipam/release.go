@@ -179,11 +179,11 @@ func (m *IPAM) Release(ctx context.Context, opts []ReleaseOptions) ([]net.IP, er
 }
 
 func (m *IPAM) releaseIPs(ctx context.Context, opts []ReleaseOptions, updateHandles bool) ([]net.IP, error) {
-	l, err := m.ds.IPPools.List(ctx, cached)
+	list, err := m.listPools(ctx)
 	if err != nil {
-		return nil, wrapDS(m.ds, fmt.Errorf("listing IP pools: %w", err))
+		return nil, err
 	}
-	pools := newPoolSet(l.Items)
+	pools := newPoolSet(list)
 	var unreleased []net.IP
 	byBlock := map[netip.Prefix][]ReleaseOptions{}
 	var order []netip.Prefix
@@ -393,12 +393,12 @@ func (m *IPAM) NodeHandles(ctx context.Context, node string) ([]string, error) {
 // UsablePools returns the enabled, valid pools whose nodeSelector matches the
 // node, for workloads.
 func (m *IPAM) UsablePools(ctx context.Context, node string) ([]*tabbyv1.IPPool, error) {
-	l, err := m.ds.IPPools.List(ctx, cached)
+	list, err := m.listPools(ctx)
 	if err != nil {
-		return nil, wrapDS(m.ds, fmt.Errorf("listing IP pools: %w", err))
+		return nil, err
 	}
 	var n *corev1.Node
-	if needsNode(l.Items) {
+	if needsNode(list) {
 		n, err = m.ds.Nodes.Get(ctx, node, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			n = nil
@@ -406,7 +406,7 @@ func (m *IPAM) UsablePools(ctx context.Context, node string) ([]*tabbyv1.IPPool,
 			return nil, wrapDS(m.ds, fmt.Errorf("reading node %s: %w", node, err))
 		}
 	}
-	set := newPoolSet(l.Items)
+	set := newPoolSet(list)
 	var out []*tabbyv1.IPPool
 	for _, f := range []int{4, 6} {
 		c, _, _ := set.candidates(f, nil, tabbyv1.UseWorkload, n, node)

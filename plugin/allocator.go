@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
@@ -58,7 +59,7 @@ func NewDatastoreAllocator(c *Config, log *slog.Logger) (Allocator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tabby: connecting to the datastore: %w", err)
 	}
-	return &datastoreAllocator{ds: ds, IPAM: ipam.New(ds, ipam.WithLogger(log))}, nil
+	return &datastoreAllocator{ds: ds, IPAM: ipam.New(ds, ipam.WithLogger(log), ipam.WithPoolListReuse(time.Second))}, nil
 }
 
 func (a *datastoreAllocator) PodRequest(ctx context.Context, namespace, pod string) (ipam.PodAnnotations, error) {
