@@ -1,0 +1,127 @@
+package bgp
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/tabbynet/tabby/api/v1"
+)
+
+// TestLabBIRDTopOfRack: BIRD as an iBGP top-of-rack peer, configured on the
+// nodes by a BGPPeer, learns every node's block with the node as next hop,
+// and the nodes learn the prefix BIRD originates.
+func TestLabBIRDTopOfRack(t *testing.T) {
+	needRoot(t, "bird", "birdc")
+	c := newCluster(t, 2, Config{})
+	tor := startBird(t, c.lab.node(254), 64512, map[int]uint32{1: 64512, 2: 64512})
+	c.peers = []v1.BGPPeer{{ObjectMeta: metav1.ObjectMeta{Name: "rack1-tor"}, Spec: v1.BGPPeerSpec{PeerIP: "10.77.0.254", ASNumber: 64512}}}
+	start := time.Now()
+	c.reconcile()
+	tor.waitRoute(blockOf(1).String(), "10.77.0.1")
+	tor.waitRoute(blockOf(2).String(), "10.77.0.2")
+	origin := fmt.Sprintf("%s>10.77.0.254@10.77.0.254", birdOrigin)
+	c.waitFor(1, 20*time.Second, expectRoutes(0, 2)+" "+origin)
+	c.waitFor(2, 20*time.Second, expectRoutes(0, 1)+" "+origin)
+	t.Logf("BIRD and the nodes exchanged routes in %s", time.Since(start).Round(time.Millisecond))
+	if !tor.established(1) || !tor.established(2) {
+		t.Error("BIRD's sessions are not Established")
+	}
+	c.waitSessions(1, 5*time.Second, "10.77.0.2:Established:node-mesh 10.77.0.254:Established:bgppeer/rack1-tor")
+	eventually(t, 5*time.Second, "node1's session with BIRD is synced (End-of-RIB)", func() (bool, string) {
+		st := c.nodes[1].p.states()
+		return st[1].Synced, fmt.Sprintf("%+v", st[1])
+	})
+
+	// node1 withdraws its block: BIRD drops it.
+	c.nodes[1].p.must(helperRequest{Op: "adverts"})
+	eventually(t, 10*time.Second, "bird drops node1's block", func() (bool, string) {
+		r := tor.routes()
+		_, has := r[blockOf(1).String()]
+		return !has, fmt.Sprint(r)
+	})
+}
+
+// TestLabBIRDExternal: BIRD as an eBGP peer (AS 65001) of a 2-node mesh,
+// with keepOriginalNextHop: the route node2 passes on for node1's block
+// keeps node1 as its next hop; without it, node2 puts itself.
+func TestLabBIRDExternal(t *testing.T) {
+	needRoot(t, "bird", "birdc")
+	c := newCluster(t, 2, Config{})
+	ext := startBird(t, c.lab.node(254), 65001, map[int]uint32{1: 64512, 2: 64512})
+	c.peers = []v1.BGPPeer{{ObjectMeta: metav1.ObjectMeta{Name: "upstream"}, Spec: v1.BGPPeerSpec{PeerIP: "10.77.0.254", ASNumber: 65001, KeepOriginalNextHop: true}}}
+	c.reconcile()
+	origin := fmt.Sprintf("%s>10.77.0.254@10.77.0.254", birdOrigin)
+	c.waitFor(1, 20*time.Second, expectRoutes(0, 2)+" "+origin)
+	ext.waitRoute(blockOf(1).String(), "10.77.0.1,10.77.0.1")
+	ext.waitRoute(blockOf(2).String(), "10.77.0.2,10.77.0.2")
+
+	c.peers[0].Spec.KeepOriginalNextHop = false
+	c.reconcile()
+	routes := func() string {
+		r := ext.routes()
+		return strings.Join(r[blockOf(1).String()], ",") + " " + strings.Join(r[blockOf(2).String()], ",")
+	}
+	eventually(t, 20*time.Second, "without keepOriginalNextHop, nodes pass each other's blocks on with themselves as next hop", func() (bool, string) {
+		got := routes()
+		return got == "10.77.0.1,10.77.0.2 10.77.0.1,10.77.0.2", got
+	})
+}
+
+// TestLabBIRDGracefulRestart kills node1's speaker, which peers with BIRD
+// as its top-of-rack router, and starts it again. BIRD keeps node1's block
+// while node1 is away (graceful restart). On reconnect, BIRD checks the
+// forwarding-state (F) bit: in plain mode node1 does not set it, so BIRD
+// drops the stale route and adds the re-sent one a millisecond later; in
+// restarting mode it keeps the route and takes the re-sent one as a
+// refresh. (With more peers, GoBGP clears the F bit for sessions that come
+// up after the first peer's End-of-RIB, GoBGP #3431; this test has one.)
+func TestLabBIRDGracefulRestart(t *testing.T) {
+	needRoot(t, "bird", "birdc")
+	for _, tc := range []struct {
+		name    string
+		cfg     Config
+		removed bool
+	}{{"plain", Config{}, true}, {"restarting mode", Config{Restarting: true}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, 1, Config{})
+			tor := startBird(t, c.lab.node(254), 64512, map[int]uint32{1: 64512})
+			c.peers = []v1.BGPPeer{{ObjectMeta: metav1.ObjectMeta{Name: "tor"}, Spec: v1.BGPPeerSpec{PeerIP: "10.77.0.254", ASNumber: 64512}}}
+			c.reconcile()
+			tor.waitRoute(blockOf(1).String(), "10.77.0.1")
+			eventually(t, 10*time.Second, "the session is synced both ways", func() (bool, string) {
+				st := c.nodes[1].p.states()
+				return len(st) == 1 && st[0].Synced, fmt.Sprintf("%+v", st)
+			})
+			time.Sleep(time.Second) // BIRD has node1's End-of-RIB too
+			mark := len(tor.logs.String())
+
+			c.nodes[1].p.kill()
+			time.Sleep(2 * time.Second)
+			if got := tor.routes()[blockOf(1).String()]; len(got) != 1 {
+				t.Errorf("BIRD dropped node1's block while node1 restarts: %v", got)
+			}
+			c.nodes[1].p.spawn()
+			restarted := time.Now()
+			c.start(1, tc.cfg)
+			c.nodes[1].p.must(helperRequest{Op: "peers", Peers: c.desired(1)})
+			refreshed := "node1.ipv4 > ignored " + blockOf(1).String()
+			if tc.removed {
+				refreshed = "node1.ipv4 > added [best] " + blockOf(1).String()
+			}
+			eventually(t, 30*time.Second, "BIRD has node1's block from the new session", func() (bool, string) {
+				logs := tor.logs.String()[mark:]
+				return strings.Contains(logs, refreshed), logs
+			})
+			t.Logf("BIRD got node1's block again %s after the restart", time.Since(restarted).Round(time.Millisecond))
+			logs := tor.logs.String()[mark:]
+			if removed := strings.Contains(logs, "removed"); removed != tc.removed {
+				t.Errorf("BIRD removed node1's block on reconnect: %v, want %v; its log:\n%s", removed, tc.removed, logs)
+			}
+			c.waitFor(1, 20*time.Second, fmt.Sprintf("%s>10.77.0.254@10.77.0.254", birdOrigin))
+		})
+	}
+}

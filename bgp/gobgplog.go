@@ -1,0 +1,111 @@
+package bgp
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
+)
+
+// gobgpLogger passes GoBGP's logs to slog and remembers, per peer, the last
+// thing that went wrong (GoBGP's API does not say why a session is down).
+type gobgpLogger struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	details map[string]string // by neighbor address
+}
+
+func newGobgpLogger(l *slog.Logger) *gobgpLogger {
+	return &gobgpLogger{log: l.With("component", "gobgp"), details: map[string]string{}}
+}
+
+// detail is the last problem logged for a peer, "" for none.
+func (g *gobgpLogger) detail(addr string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.details[addr]
+}
+
+func (g *gobgpLogger) emit(level slog.Level, msg string, fields gobgplog.Fields) {
+	if key, ok := fields["Key"].(string); ok {
+		switch {
+		case msg == "Peer Down":
+			g.remember(key, fmt.Sprintf("session went down: %v", fields["Reason"]))
+		case msg == "Peer Up":
+			g.remember(key, "")
+		case level >= slog.LevelWarn:
+			g.remember(key, msg+describeFields(fields))
+		}
+	}
+	if !g.log.Enabled(context.Background(), level) {
+		return
+	}
+	attrs := make([]any, 0, 2*len(fields))
+	for _, k := range sortedKeys(fields) {
+		attrs = append(attrs, strings.ToLower(k), fields[k])
+	}
+	g.log.Log(context.Background(), level, msg, attrs...)
+}
+
+func (g *gobgpLogger) remember(addr, detail string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.details[addr] = detail
+}
+
+// describeFields renders the fields worth showing in a peer's detail.
+func describeFields(fields gobgplog.Fields) string {
+	var parts []string
+	for _, k := range sortedKeys(fields) {
+		if k != "Key" && k != "Topic" && k != "State" {
+			parts = append(parts, fmt.Sprintf("%s=%v", strings.ToLower(k), fields[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+func (g *gobgpLogger) Panic(msg string, fields gobgplog.Fields) {
+	g.emit(slog.LevelError, msg, fields)
+	panic("gobgp: " + msg)
+}
+
+func (g *gobgpLogger) Fatal(msg string, fields gobgplog.Fields) {
+	g.emit(slog.LevelError, msg, fields)
+	panic("gobgp: " + msg)
+}
+
+func (g *gobgpLogger) Error(msg string, fields gobgplog.Fields) {
+	g.emit(slog.LevelError, msg, fields)
+}
+
+func (g *gobgpLogger) Warn(msg string, fields gobgplog.Fields) {
+	g.emit(slog.LevelWarn, msg, fields)
+}
+
+func (g *gobgpLogger) Info(msg string, fields gobgplog.Fields) {
+	g.emit(slog.LevelInfo, msg, fields)
+}
+
+func (g *gobgpLogger) Debug(msg string, fields gobgplog.Fields) {
+	g.emit(slog.LevelDebug, msg, fields)
+}
+
+// SetLevel is ignored: the slog handler decides what is shown.
+func (g *gobgpLogger) SetLevel(gobgplog.LogLevel) {}
+
+// GetLevel tells GoBGP whether to build debug messages at all.
+func (g *gobgpLogger) GetLevel() gobgplog.LogLevel {
+	if g.log.Enabled(context.Background(), slog.LevelDebug) {
+		return gobgplog.DebugLevel
+	}
+	return gobgplog.InfoLevel
+}
+
+var _ gobgplog.Logger = (*gobgpLogger)(nil)

@@ -1,0 +1,67 @@
+package bgp
+
+import (
+	"context"
+	"net/netip"
+	"sort"
+	"time"
+)
+
+// LearnedRoute is a route learned from a peer.
+type LearnedRoute struct {
+	Route
+	// Peer is the session it came over.
+	Peer netip.Addr
+	// Stale: the route is kept while its session restarts (the peer's
+	// graceful restart, or a reset this speaker made to change the
+	// session's settings); the peer is expected to send it again.
+	Stale bool
+}
+
+// Learned returns the best route to every prefix learned from peers,
+// ordered by prefix. Routes of sessions this speaker is resetting itself
+// (to change their settings) are kept, Stale, until the session has sent
+// them again or its restart time passed, as the remote keeps ours.
+func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.scanRIB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range s.held {
+		for _, lr := range h.routes {
+			if _, ok := r.best[lr.Prefix]; !ok {
+				lr.Stale = true
+				r.best[lr.Prefix] = lr
+			}
+		}
+	}
+	out := make([]LearnedRoute, 0, len(r.best))
+	for _, lr := range r.best {
+		out = append(out, lr)
+	}
+	sort.Slice(out, func(i, j int) bool { return prefixLess(out[i].Prefix, out[j].Prefix) })
+	return out, nil
+}
+
+// heldRoutes are the routes a session brought before this speaker reset it.
+type heldRoutes struct {
+	routes []LearnedRoute
+	since  time.Time // of the reset
+	until  time.Time
+}
+
+// releaseHeldRoutes forgets held routes once their session is back and
+// synced, gone, or past its restart time. Called with s.mu held.
+func (s *Speaker) releaseHeldRoutes(now time.Time, current map[string]PeerState) {
+	for key, h := range s.held {
+		st, ok := current[key]
+		_, running := s.sessions[key]
+		back := ok && st.Established() && st.Synced && !st.Since.Before(h.since.Truncate(time.Second)) // GoBGP keeps uptime in whole seconds
+		if !running || now.After(h.until) || back {
+			delete(s.held, key)
+			s.signal()
+		}
+	}
+}

@@ -1,0 +1,84 @@
+package bgp
+
+import (
+	"testing"
+	"time"
+
+	v1 "github.com/tabbynet/tabby/api/v1"
+)
+
+func TestLabFullMesh(t *testing.T) {
+	needRoot(t)
+	start := time.Now()
+	c := newCluster(t, 3, Config{})
+	c.reconcile()
+	c.waitFor(1, 20*time.Second, expectRoutes(0, 2, 3))
+	c.waitFor(2, 20*time.Second, expectRoutes(0, 1, 3))
+	c.waitFor(3, 20*time.Second, expectRoutes(0, 1, 2))
+	t.Logf("3-node mesh converged in %s", time.Since(start).Round(time.Millisecond))
+	c.waitSessions(1, 5*time.Second, "10.77.0.2:Established:node-mesh 10.77.0.3:Established:node-mesh")
+	c.waitSessions(2, 5*time.Second, "10.77.0.1:Established:node-mesh 10.77.0.3:Established:node-mesh")
+	for _, st := range c.nodes[3].p.states() {
+		if !st.Synced || st.Received != 1 || len(st.Prefixes) != 1 || !st.Passive {
+			t.Errorf("node3's session with %s: %+v", st.Address, st)
+		}
+	}
+}
+
+func TestLabRouteReflector(t *testing.T) {
+	needRoot(t)
+	c := newCluster(t, 3, Config{})
+	c.nodes[2].labels = []string{v1.LabelRouteReflector, "true"}
+	c.reconcile()
+	// Clients learn each other's blocks over the reflector, next hops untouched.
+	c.waitFor(1, 20*time.Second, expectRoutes(2, 2, 3))
+	c.waitFor(3, 20*time.Second, expectRoutes(2, 1, 2))
+	c.waitFor(2, 5*time.Second, expectRoutes(0, 1, 3))
+	c.waitSessions(1, 5*time.Second, "10.77.0.2:Established:route-reflector")
+	c.waitSessions(2, 5*time.Second, "10.77.0.1:Established:route-reflector-client 10.77.0.3:Established:route-reflector-client")
+}
+
+// TestLabDualStack: two dual-stack nodes have an IPv4 and an IPv6 session
+// and learn each other's blocks of both families over them.
+func TestLabDualStack(t *testing.T) {
+	needRoot(t)
+	l := newLab(t)
+	l.dualStack = true
+	c := newClusterOn(t, l, 2, Config{})
+	c.reconcile()
+	c.waitFor(1, 20*time.Second, expectRoutes(0, 2)+" "+blockOf6(2).String()+">fd00:77::2@fd00:77::2")
+	c.waitFor(2, 20*time.Second, expectRoutes(0, 1)+" "+blockOf6(1).String()+">fd00:77::1@fd00:77::1")
+	c.waitSessions(1, 5*time.Second, "10.77.0.2:Established:node-mesh fd00:77::2:Established:node-mesh")
+}
+
+func TestLabMD5(t *testing.T) {
+	needRoot(t)
+	c := newCluster(t, 3, Config{Transition: TransitionOptions{ChangeDelay: time.Second}})
+	c.spec.NodeMeshPassword = &v1.SecretKeyRef{Name: "bgp", Key: "password"}
+	c.passwd = "s3cret"
+	c.reconcile()
+	c.waitFor(1, 20*time.Second, expectRoutes(0, 2, 3))
+	c.waitFor(3, 20*time.Second, expectRoutes(0, 1, 2))
+	states := c.nodes[1].p.states()
+	if len(states) != 2 || states[0].Password != "s3cret" {
+		t.Fatalf("node1's sessions do not use the password: %+v", states)
+	}
+
+	// node3 gets the wrong password: its sessions go down and stay down;
+	// node1 keeps node3's routes, stale, for node3's restart time.
+	wrong := c.desired(3)
+	for i := range wrong {
+		wrong[i].Password = "wrong"
+	}
+	c.nodes[3].p.must(helperRequest{Op: "peers", Peers: wrong})
+	c.waitFor(1, 10*time.Second, expectRoutes(0, 2)+" "+expectRoutes(0, 3)+"(stale)")
+	time.Sleep(8 * time.Second)
+	for _, st := range c.nodes[3].p.states() {
+		if st.Established() {
+			t.Errorf("node3 established a session with %s despite the wrong password", st.Address)
+		}
+	}
+	if got := sessionsOf(c.nodes[1].p.states()); got != "10.77.0.2:Established:node-mesh 10.77.0.3:Active:node-mesh" {
+		t.Errorf("node1's sessions: %s", got)
+	}
+}

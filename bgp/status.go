@@ -1,0 +1,83 @@
+package bgp
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"time"
+
+	api "github.com/osrg/gobgp/v3/api"
+)
+
+// syncGrace: a peer that sends no End-of-RIB counts as having sent all its
+// routes this long after its session came up.
+const syncGrace = 10 * time.Second
+
+// PeerStates returns every running session and how it is doing, ordered by
+// address: what `tabbyctl node status` prints.
+func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.scanRIB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return s.peerStates(ctx, r)
+}
+
+// peerStates joins the sessions the speaker configured with GoBGP's view
+// of them. Called with s.mu held.
+func (s *Speaker) peerStates(ctx context.Context, r rib) ([]PeerState, error) {
+	gobgp := map[string]*api.Peer{}
+	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+		if p.GetConf() != nil {
+			if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
+				gobgp[a.Unmap().String()] = p
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing BGP peers: %w", err)
+	}
+	now := time.Now()
+	out := make([]PeerState, 0, len(s.sessions))
+	for key, ss := range s.sessions {
+		st := PeerState{Peer: ss.peer, State: StateIdle, Since: ss.added, HeldSince: ss.heldSince, HeldFor: ss.heldFor}
+		if gp, ok := gobgp[key]; ok {
+			fillState(&st, gp, now)
+		}
+		if st.Established() {
+			for _, lr := range r.byPeer[ss.peer.Address] {
+				st.Prefixes = append(st.Prefixes, lr.Prefix)
+			}
+		} else {
+			st.Detail = s.glog.detail(key)
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Address.Less(out[j].Address) })
+	return out, nil
+}
+
+// fillState copies GoBGP's view of a session into st.
+func fillState(st *PeerState, gp *api.Peer, now time.Time) {
+	if state, ok := sessionStates[gp.GetState().GetSessionState()]; ok {
+		st.State = state
+	}
+	timers := gp.GetTimers().GetState()
+	since := timers.GetDowntime()
+	if st.Established() {
+		since = timers.GetUptime()
+	}
+	if since != nil && since.AsTime().After(st.Since) {
+		st.Since = since.AsTime()
+	}
+	eor := len(gp.AfiSafis) > 0
+	for _, af := range gp.AfiSafis {
+		st.Received += int(af.GetState().GetReceived())
+		st.Accepted += int(af.GetState().GetAccepted())
+		eor = eor && af.GetMpGracefulRestart().GetState().GetEndOfRibReceived()
+	}
+	st.Synced = st.Established() && (eor || now.Sub(st.Since) >= syncGrace)
+}
