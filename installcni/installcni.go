@@ -17,6 +17,7 @@ package installcni
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -33,8 +34,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/tabbynet/tabby/plugin"
 )
 
 // Defaults of Options.
@@ -197,7 +202,7 @@ func Install(opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	conflist, err := o.conflist()
+	conflist, err := o.conflist(srcs)
 	if err != nil {
 		return nil, err
 	}
@@ -380,8 +385,27 @@ func checkCA(data []byte) error {
 	return nil
 }
 
-// conflist renders the network config list.
-func (o Options) conflist() ([]byte, error) {
+// conflist renders the network config list, in the newest CNI version that
+// every chained plugin speaks: Debian's portmap, for one, stops at 1.0.0,
+// and a runtime refuses the whole list when one plugin cannot speak its
+// version.
+func (o Options) conflist(srcs []source) ([]byte, error) {
+	version := CNIVersion
+	if o.Portmap {
+		path := filepath.Join(o.CNIBinDir, "portmap")
+		for _, s := range srcs {
+			if s.name == "portmap" {
+				path = s.path
+			}
+		}
+		v, err := newestCommonVersion(path, plugin.SupportedVersions.SupportedVersions())
+		if err != nil {
+			return nil, err
+		}
+		if v != "" {
+			version = v
+		}
+	}
 	type ipam struct {
 		Type string `json:"type"`
 	}
@@ -412,11 +436,43 @@ func (o Options) conflist() ([]byte, error) {
 		CNIVersion string `json:"cniVersion"`
 		Name       string `json:"name"`
 		Plugins    []any  `json:"plugins"`
-	}{CNIVersion, NetworkName, plugins}, "", "  ")
+	}{version, NetworkName, plugins}, "", "  ")
 	if err != nil {
 		return nil, err
 	}
 	return append(data, '\n'), nil
+}
+
+// newestCommonVersion asks a plugin binary which CNI versions it speaks
+// (CNI_COMMAND=VERSION) and returns the newest one that is also in ours; ""
+// when the binary is not there (the warnings say so).
+func newestCommonVersion(path string, ours []string) (string, error) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := invoke.GetVersionInfo(ctx, path, nil)
+	if err != nil {
+		return "", fmt.Errorf("asking %s which CNI versions it speaks: %w", path, err)
+	}
+	theirs := map[string]bool{}
+	for _, v := range info.SupportedVersions() {
+		theirs[v] = true
+	}
+	best := ""
+	for _, v := range ours {
+		if !theirs[v] {
+			continue
+		}
+		if newer, err := version.GreaterThan(v, best); best == "" || (err == nil && newer) {
+			best = v
+		}
+	}
+	if best == "" {
+		return "", fmt.Errorf("%s speaks CNI %v, none of which tabby speaks (%v): install a newer one", path, info.SupportedVersions(), ours)
+	}
+	return best, nil
 }
 
 // warnings finds what would keep the runtime from using tabby.

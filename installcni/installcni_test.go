@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"os"
 	"os/exec"
@@ -54,7 +55,7 @@ func newEnv(t *testing.T) *env {
 	}
 	e.writeSource("tabby", []byte("#!/bin/sh\necho tabby v1\n"))
 	e.writeSource("tabby-ipam", []byte("#!/bin/sh\necho tabby-ipam v1\n"))
-	e.writeSource("portmap", []byte("#!/bin/sh\necho portmap\n"))
+	e.writeSource("portmap", fakePlugin("1.0.0"))
 	e.write(filepath.Join(e.sa, "token"), []byte("token-one\n"), 0o400)
 	e.write(filepath.Join(e.sa, "ca.crt"), testCA(t), 0o400)
 	return e
@@ -205,7 +206,7 @@ func TestFreshInstall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("libcni cannot read the conflist: %v\n%s", err, raw)
 	}
-	if list.Name != NetworkName || list.CNIVersion != CNIVersion || len(list.Plugins) != 2 ||
+	if list.Name != NetworkName || list.CNIVersion != "1.0.0" || len(list.Plugins) != 2 || // the fake portmap stops at 1.0.0
 		list.Plugins[0].Network.Type != "tabby" || list.Plugins[1].Network.Type != "portmap" ||
 		!list.Plugins[1].Network.Capabilities["portMappings"] {
 		t.Errorf("conflist: %s", raw)
@@ -560,4 +561,67 @@ func TestHostPathsAreNotLocalPaths(t *testing.T) {
 	if !bytes.Contains(b, []byte(`"kubeconfig": "/var/lib/rancher/k3s/agent/etc/cni/net.d/tabby-kubeconfig"`)) {
 		t.Errorf("conflist: %s", b)
 	}
+}
+
+// fakePlugin answers CNI VERSION like a plugin whose newest version is newest.
+func fakePlugin(newest string) []byte {
+	all := []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+	var vs []string
+	for _, v := range all {
+		vs = append(vs, `"`+v+`"`)
+		if v == newest {
+			break
+		}
+	}
+	return []byte(fmt.Sprintf("#!/bin/sh\necho '{\"cniVersion\":\"%s\",\"supportedVersions\":[%s]}'\n", newest, strings.Join(vs, ",")))
+}
+
+// TestConflistVersionFitsPortmap: the conflist speaks the newest CNI version
+// that every chained plugin speaks; Debian's portmap stops at 1.0.0 and a
+// runtime refuses a list one of whose plugins cannot speak its version.
+func TestConflistVersionFitsPortmap(t *testing.T) {
+	version := func(e *env) string {
+		var l struct {
+			CNIVersion string `json:"cniVersion"`
+		}
+		b, err := os.ReadFile(e.conflist)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &l); err != nil {
+			t.Fatal(err)
+		}
+		return l.CNIVersion
+	}
+	e := newEnv(t)
+	e.install(e.opts())
+	if v := version(e); v != "1.0.0" {
+		t.Errorf("with a portmap that stops at 1.0.0 the conflist says %s", v)
+	}
+	e.writeSource("portmap", fakePlugin("1.1.0"))
+	e.install(e.opts())
+	if v := version(e); v != "1.1.0" {
+		t.Errorf("with a portmap that speaks 1.1.0 the conflist says %s", v)
+	}
+	o := e.opts()
+	o.Portmap = false
+	e.writeSource("portmap", fakePlugin("0.3.0"))
+	e.install(o)
+	if v := version(e); v != "1.1.0" {
+		t.Errorf("without portmap the conflist says %s", v)
+	}
+	if _, err := os.Stat("/usr/lib/cni/portmap"); err == nil {
+		e.write(filepath.Join(e.src, "portmap"), mustRead(t, "/usr/lib/cni/portmap"), 0o755)
+		e.install(e.opts())
+		t.Logf("with Debian's portmap the conflist says cniVersion %s", version(e))
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

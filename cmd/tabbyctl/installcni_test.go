@@ -38,9 +38,11 @@ func TestInstallCNICommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, b := range []string{"tabby", "tabby-ipam", "portmap"} {
+	for _, b := range []string{"tabby", "tabby-ipam"} {
 		write(filepath.Join(src, b), "#!/bin/sh\n")
 	}
+	// portmap answers CNI VERSION, which install-cni asks to pick the conflist's version.
+	write(filepath.Join(src, "portmap"), "#!/bin/sh\necho '{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"1.0.0\",\"1.1.0\"]}'\n")
 	write(filepath.Join(dir, "sa/token"), "sa-token\n")
 	write(filepath.Join(dir, "sa/ca.crt"), testCA)
 	t.Setenv("NODE_NAME", "worker-7")
