@@ -2,8 +2,9 @@
 // datastore and converges the node's routes, BGP sessions and policy rules
 // with level-triggered loops, and serves health and metrics.
 //
-// This first version connects to the datastore and serves /healthz, /readyz
-// (the datastore answers) and /metrics; the routing and policy loops build on it.
+// This first version connects to the datastore, serves /healthz, /readyz
+// (the datastore answers) and /metrics, and serves the CNI plugins' IPAM on
+// a unix socket (package cniagent); the routing and policy loops build on it.
 package daemon
 
 import (
@@ -18,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/rest"
 
+	"github.com/tabbynet/tabby/daemon/cniagent"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -28,7 +31,10 @@ type Config struct {
 	Kubeconfig   string
 	NodeIP       net.IP
 	HealthListen string // address of /healthz, /readyz and /metrics
-	Log          *slog.Logger
+	// CNISocket is where the CNI agent serves the plugins (the CNI config's
+	// agentSocket); "" turns the agent off.
+	CNISocket string
+	Log       *slog.Logger
 }
 
 // Run runs the daemon until ctx ends.
@@ -72,8 +78,42 @@ func Run(ctx context.Context, cfg Config) error {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	agentDone := make(chan struct{})
+	if cfg.CNISocket != "" {
+		// The agent paces itself (one assignment or release at a time on
+		// the node): a client-side rate limit would only queue a burst of
+		// pods behind it. The API server's priority and fairness still
+		// applies.
+		arc := rest.CopyConfig(rc)
+		arc.QPS = -1
+		ads, err := datastore.New(arc)
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		agent, err := cniagent.New(cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Registerer: reg})
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		go func() {
+			defer close(agentDone)
+			// Without the agent the plugins reach the API server
+			// themselves: tabbyd keeps running.
+			if err := agent.Run(ctx); err != nil {
+				cfg.Log.Error("the CNI agent stopped; CNI plugins on this node reach the API server directly", "socket", cfg.CNISocket, "error", err)
+			}
+		}()
+	} else {
+		close(agentDone)
+	}
+	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String(), "cniSocket", cfg.CNISocket)
+	err = srv.Serve(ln)
+	stop()
+	<-agentDone
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -140,7 +140,9 @@ func New(cfg *rest.Config) (*Client, error) {
 	coreCfg.ContentType = runtime.ContentTypeJSON
 	// One HTTP client (one TLS connection pool) serves both groups, and the
 	// first request opens the one connection the others then share.
-	tabbyCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &firstDialGate{next: rt, ready: make(chan struct{})} })
+	tabbyCfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return &firstDialGate{next: rt, ready: make(chan struct{})}
+	})
 	httpClient, err := rest.HTTPClientFor(tabbyCfg)
 	if err != nil {
 		return nil, fmt.Errorf("building the HTTP client: %w", err)

@@ -35,6 +35,7 @@ const maxRetries = 32
 // IPAM allocates and releases addresses.
 type IPAM struct {
 	ds  *datastore.Client
+	src Source
 	log *slog.Logger
 	now func() time.Time
 
@@ -57,14 +58,14 @@ func (m *IPAM) listPools(ctx context.Context) ([]tabbyv1.IPPool, error) {
 	}
 	m.poolsMu.Unlock()
 	v, err, _ := m.poolsOnce.Do("pools", func() (any, error) {
-		l, err := m.ds.IPPools.List(ctx, cached)
+		l, err := m.src.Pools(ctx)
 		if err != nil {
 			return nil, wrapDS(m.ds, fmt.Errorf("listing IP pools: %w", err))
 		}
 		m.poolsMu.Lock()
-		m.pools, m.poolsAt = l.Items, m.now()
+		m.pools, m.poolsAt = l, m.now()
 		m.poolsMu.Unlock()
-		return l.Items, nil
+		return l, nil
 	})
 	if err != nil {
 		return nil, err
@@ -89,6 +90,9 @@ func New(ds *datastore.Client, opts ...Option) *IPAM {
 	m := &IPAM{ds: ds, log: slog.New(slog.DiscardHandler), now: time.Now}
 	for _, o := range opts {
 		o(m)
+	}
+	if m.src == nil {
+		m.src = APISource(ds)
 	}
 	return m
 }
@@ -115,16 +119,36 @@ type assignState struct {
 type assignedRef struct {
 	Assigned
 	seq uint64
+	// own: the address lies in a block affine to the requesting node.
+	own bool
 }
 
 // Assign hands out the addresses a request asks for and records them under
 // its handle. On any error nothing stays assigned.
 func (m *IPAM) Assign(ctx context.Context, req Request) ([]Assigned, error) {
+	out, _, err := m.assign(ctx, req, false)
+	return out, err
+}
+
+// AssignDeferred is Assign that may leave writing the handle (IPAMHandle) to
+// the caller: when every address came from the node's own blocks it returns
+// record, which the caller must run, e.g. after answering. Until it has run,
+// the allocation is found through the blocks alone: each allocation carries
+// its handle, ReleaseHandle and HandleIPsOnNode search the node's blocks
+// when the handle object is missing, and NodeHandles reads the blocks too,
+// so a caller that dies before recording leaks nothing. Addresses from other
+// nodes' blocks (borrowed, or requested by address) are recorded before it
+// returns, and record is nil.
+func (m *IPAM) AssignDeferred(ctx context.Context, req Request) (_ []Assigned, record func(context.Context) error, _ error) {
+	return m.assign(ctx, req, true)
+}
+
+func (m *IPAM) assign(ctx context.Context, req Request, mayDefer bool) (_ []Assigned, record func(context.Context) error, _ error) {
 	if req.HandleID == "" || req.Node == "" {
-		return nil, errors.New("ipam: a request needs a handle ID and a node name")
+		return nil, nil, errors.New("ipam: a request needs a handle ID and a node name")
 	}
 	if !req.IPv4 && !req.IPv6 && len(req.IPs) == 0 {
-		return nil, errors.New("ipam: the request asks for no address family: enable assignIPv4 or assignIPv6")
+		return nil, nil, errors.New("ipam: the request asks for no address family: enable assignIPv4 or assignIPv6")
 	}
 	if req.Use == "" {
 		req.Use = tabbyv1.UseWorkload
@@ -135,23 +159,31 @@ func (m *IPAM) Assign(ctx context.Context, req Request) ([]Assigned, error) {
 	}}
 	st.nodeBlocksCached = true
 	if err := m.load(ctx, st); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	err := m.assign(ctx, st)
-	if err == nil {
+	err := m.assignAll(ctx, st)
+	deferred := mayDefer && err == nil && len(st.assigned) > 0
+	for _, a := range st.assigned {
+		deferred = deferred && a.own
+	}
+	if err == nil && !deferred {
 		err = m.recordHandle(ctx, req.HandleID, req.Node, st.assigned)
 	}
 	if err != nil {
 		if rerr := m.undo(ctx, st); rerr != nil {
-			return nil, fmt.Errorf("%w (and releasing what was assigned failed: %v; tabbyctl ipam check will find it)", err, rerr)
+			return nil, nil, fmt.Errorf("%w (and releasing what was assigned failed: %v; tabbyctl ipam check will find it)", err, rerr)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]Assigned, len(st.assigned))
 	for i, a := range st.assigned {
 		out[i] = a.Assigned
 	}
-	return out, nil
+	if deferred {
+		assigned := st.assigned
+		record = func(ctx context.Context) error { return m.recordHandle(ctx, req.HandleID, req.Node, assigned) }
+	}
+	return out, record, nil
 }
 
 // load reads the pools and the node's blocks concurrently.
@@ -174,15 +206,12 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 	}
 	st.pools = newPoolSet(st.poolList)
 	if needsNode(st.poolList) {
-		n, err := m.ds.Nodes.Get(ctx, st.req.Node, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err):
-			// An unregistered node matches only pools without a selector.
-		case err != nil:
+		// An unregistered node (nil) matches only pools without a selector.
+		n, err := m.src.Node(ctx, st.req.Node)
+		if err != nil {
 			return wrapDS(m.ds, fmt.Errorf("reading node %s for the pools' nodeSelectors: %w", st.req.Node, err))
-		default:
-			st.node = n
 		}
+		st.node = n
 	}
 	return nil
 }
@@ -195,21 +224,27 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 // block when the node's blocks look full) re-check with a consistent list.
 var cached = metav1.ListOptions{ResourceVersion: "0"}
 
-// nodeBlocks lists the blocks affine to a node, from the watch cache when
-// fromCache is set.
+// nodeBlocks lists the blocks affine to a node: from the Source (maybe
+// stale) when fromCache is set, else with a consistent list from the API
+// server. The slice is the caller's; the blocks are shared.
 func (m *IPAM) nodeBlocks(ctx context.Context, node string, fromCache bool) ([]*tabbyv1.IPAMBlock, error) {
-	opts := metav1.ListOptions{LabelSelector: tabbyv1.LabelNode + "=" + NodeLabelValue(node)}
+	var l []*tabbyv1.IPAMBlock
+	var err error
 	if fromCache {
-		opts.ResourceVersion = "0"
+		l, err = m.src.NodeBlocks(ctx, node)
+	} else {
+		l, err = listBlocks(ctx, m.ds, metav1.ListOptions{LabelSelector: nodeSelector(node)})
 	}
-	l, err := m.ds.IPAMBlocks.List(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("listing the blocks of node %s: %w", node, err)
 	}
 	var out []*tabbyv1.IPAMBlock
-	for i := range l.Items {
-		if l.Items[i].Spec.Affinity == affinityFor(node) {
-			out = append(out, &l.Items[i])
+	for _, b := range l {
+		if !fromCache {
+			m.observe(b)
+		}
+		if b.Spec.Affinity == affinityFor(node) {
+			out = append(out, b)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -220,16 +255,13 @@ func (m *IPAM) allBlocks(ctx context.Context, st *assignState) ([]*tabbyv1.IPAMB
 	if st.allBlocks != nil {
 		return st.allBlocks, nil
 	}
-	// From the watch cache: a block it misses fails to be created again
+	// From the Source: a block it misses fails to be created again
 	// (AlreadyExists) and the claim moves on to the next free one.
-	l, err := m.ds.IPAMBlocks.List(ctx, cached)
+	l, err := m.src.AllBlocks(ctx)
 	if err != nil {
 		return nil, wrapDS(m.ds, fmt.Errorf("listing all blocks: %w", err))
 	}
-	st.allBlocks = make([]*tabbyv1.IPAMBlock, 0, len(l.Items))
-	for i := range l.Items {
-		st.allBlocks = append(st.allBlocks, &l.Items[i])
-	}
+	st.allBlocks = append(make([]*tabbyv1.IPAMBlock, 0, len(l)), l...)
 	return st.allBlocks, nil
 }
 
@@ -237,19 +269,19 @@ func (m *IPAM) ipamConfig(ctx context.Context, st *assignState) (*tabbyv1.IPAMCo
 	if st.config != nil {
 		return st.config, nil
 	}
-	c, err := m.ds.IPAMConfigurations.Get(ctx, tabbyv1.IPAMConfigurationName, metav1.GetOptions{})
+	c, err := m.src.IPAMConfig(ctx)
 	switch {
-	case apierrors.IsNotFound(err):
-		st.config = &tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: tabbyv1.DefaultMaxBlocksPerHost}
 	case err != nil:
 		return nil, wrapDS(m.ds, fmt.Errorf("reading IPAMConfiguration %s: %w", tabbyv1.IPAMConfigurationName, err))
+	case c == nil:
+		st.config = &tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: tabbyv1.DefaultMaxBlocksPerHost}
 	default:
 		st.config = &c.Spec
 	}
 	return st.config, nil
 }
 
-func (m *IPAM) assign(ctx context.Context, st *assignState) error {
+func (m *IPAM) assignAll(ctx context.Context, st *assignState) error {
 	if len(st.req.IPs) > 0 {
 		for _, ip := range st.req.IPs {
 			if err := m.assignSpecific(ctx, st, ip); err != nil {
@@ -330,12 +362,12 @@ func (m *IPAM) assignFamily(ctx context.Context, st *assignState, family int) er
 }
 
 func (m *IPAM) fromNodeBlocks(ctx context.Context, st *assignState, cands []*pool) (bool, error) {
-	for _, b := range st.nodeBlocks {
+	for i, b := range st.nodeBlocks {
 		p := poolOfBlock(cands, b)
 		if p == nil || b.Spec.Deleted || freeCount(b) == 0 {
 			continue
 		}
-		ok, err := m.allocateIn(ctx, st, p, b, func(b *tabbyv1.IPAMBlock) bool { return b.Spec.Affinity == affinityFor(st.req.Node) })
+		ok, err := m.allocateIn(ctx, st, p, &st.nodeBlocks[i], func(b *tabbyv1.IPAMBlock) bool { return b.Spec.Affinity == affinityFor(st.req.Node) })
 		if err != nil || ok {
 			return ok, err
 		}
@@ -363,10 +395,13 @@ func poolOfBlock(cands []*pool, b *tabbyv1.IPAMBlock) *pool {
 	return nil
 }
 
-// allocateIn takes the next free address of a block with compare-and-swap,
-// re-reading the block on conflict. It reports false when the block turned
-// out full or no longer acceptable.
-func (m *IPAM) allocateIn(ctx context.Context, st *assignState, p *pool, b *tabbyv1.IPAMBlock, acceptable func(*tabbyv1.IPAMBlock) bool) (bool, error) {
+// allocateIn takes the next free address of the block in *slot with
+// compare-and-swap, re-reading the block on conflict; *slot ends up holding
+// the latest version seen (the block itself is never modified: it may be a
+// Source's). It reports false when the block turned out full or no longer
+// acceptable.
+func (m *IPAM) allocateIn(ctx context.Context, st *assignState, p *pool, slot **tabbyv1.IPAMBlock, acceptable func(*tabbyv1.IPAMBlock) bool) (bool, error) {
+	b := *slot
 	for range maxRetries {
 		if err := blockOK(b); err != nil {
 			m.log.Warn("skipping corrupted block", "block", b.Name, "err", err)
@@ -383,7 +418,8 @@ func (m *IPAM) allocateIn(ctx context.Context, st *assignState, p *pool, b *tabb
 		updated, err := m.ds.IPAMBlocks.Update(ctx, nb, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
-			*b = *updated
+			m.observe(updated)
+			*slot = updated
 			st.add(p, updated, ord)
 			return true, nil
 		case apierrors.IsConflict(err):
@@ -394,7 +430,8 @@ func (m *IPAM) allocateIn(ctx context.Context, st *assignState, p *pool, b *tabb
 			if gerr != nil {
 				return false, wrapDS(m.ds, fmt.Errorf("re-reading block %s: %w", b.Name, gerr))
 			}
-			*b = *fresh
+			m.observe(fresh)
+			b, *slot = fresh, fresh
 		case apierrors.IsNotFound(err):
 			return false, nil
 		default:
@@ -410,6 +447,7 @@ func (st *assignState) add(p *pool, b *tabbyv1.IPAMBlock, ord int) {
 	st.assigned = append(st.assigned, assignedRef{
 		Assigned: Assigned{IP: net.IP(addrAt(pfx, ord).AsSlice()), Pool: p.obj, Block: prefixToIPNet(pfx)},
 		seq:      seq,
+		own:      b.Spec.Affinity == affinityFor(st.req.Node),
 	})
 }
 
@@ -484,6 +522,9 @@ func (m *IPAM) claim(ctx context.Context, p *pool, pfx netip.Prefix, node string
 	created, err := m.ds.IPAMBlocks.Create(ctx, blk, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		existing, gerr := m.ds.IPAMBlocks.Get(ctx, blk.Name, metav1.GetOptions{})
+		if gerr == nil {
+			m.observe(existing)
+		}
 		if gerr == nil && existing.Spec.Affinity == affinityFor(node) {
 			// Ours from an earlier unfinished claim: allocate in it normally.
 			m.confirm(ctx, createdAff)
@@ -496,6 +537,7 @@ func (m *IPAM) claim(ctx context.Context, p *pool, pfx netip.Prefix, node string
 		m.deleteAffinity(ctx, createdAff)
 		return nil, wrapDS(m.ds, fmt.Errorf("creating block %s for node %s: %w", pfx, node, err))
 	}
+	m.observe(created)
 	m.confirm(ctx, createdAff)
 	m.log.Info("claimed block", "block", pfx.String(), "node", node, "pool", p.obj.Name)
 	return &claimed{block: created, ord: ord}, nil
@@ -532,15 +574,16 @@ func (m *IPAM) borrow(ctx context.Context, st *assignState, cands []*pool) (bool
 	if err != nil {
 		return false, err
 	}
-	var order []*tabbyv1.IPAMBlock
-	for _, b := range all {
+	var order []int // indexes into all
+	for i, b := range all {
 		if b.Spec.Affinity != affinityFor(st.req.Node) && freeCount(b) > 0 && !b.Spec.Deleted && poolOfBlock(cands, b) != nil {
-			order = append(order, b)
+			order = append(order, i)
 		}
 	}
-	sort.SliceStable(order, func(i, j int) bool { return freeCount(order[i]) > freeCount(order[j]) })
-	for _, b := range order {
-		ok, err := m.allocateIn(ctx, st, poolOfBlock(cands, b), b, func(*tabbyv1.IPAMBlock) bool { return true })
+	sort.SliceStable(order, func(i, j int) bool { return freeCount(all[order[i]]) > freeCount(all[order[j]]) })
+	for _, i := range order {
+		b := all[i]
+		ok, err := m.allocateIn(ctx, st, poolOfBlock(cands, b), &all[i], func(*tabbyv1.IPAMBlock) bool { return true })
 		if err != nil {
 			return false, err
 		}
@@ -625,6 +668,7 @@ func (m *IPAM) assignSpecific(ctx context.Context, st *assignState, ip net.IP) e
 		if err != nil {
 			return wrapDS(m.ds, fmt.Errorf("reading block %s: %w", bp, err))
 		}
+		m.observe(b)
 		if err := blockOK(b); err != nil {
 			return err
 		}
@@ -647,6 +691,7 @@ func (m *IPAM) assignSpecific(ctx context.Context, st *assignState, ip net.IP) e
 		if err != nil {
 			return wrapDS(m.ds, fmt.Errorf("allocating %s in block %s: %w", a, bp, err))
 		}
+		m.observe(updated)
 		st.add(p, updated, ord)
 		return nil
 	}

@@ -77,11 +77,22 @@ func (m *IPAM) recordHandle(ctx context.Context, handleID, node string, assigned
 // Releasing a handle that holds nothing succeeds, so CNI DEL can repeat it.
 // When the handle object is missing (an ADD that died before recording it),
 // the node's blocks are searched for the handle's addresses.
+//
+// The first look at the handle and its blocks goes to the Source; what
+// IPAM then does with them are writes with preconditions, and "nothing
+// there" is confirmed with the API server.
 func (m *IPAM) ReleaseHandle(ctx context.Context, handleID, node string) error {
 	name := HandleObjectName(handleID)
-	for range maxRetries {
-		h, err := m.ds.IPAMHandles.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
+	for attempt := range maxRetries {
+		var h *tabbyv1.IPAMHandle
+		var err error
+		if attempt == 0 {
+			h, err = m.src.Handle(ctx, name)
+		}
+		if h == nil && err == nil {
+			h, err = getHandle(ctx, m.ds, name)
+		}
+		if err == nil && h == nil {
 			if node == "" {
 				return nil
 			}
@@ -91,7 +102,7 @@ func (m *IPAM) ReleaseHandle(ctx context.Context, handleID, node string) error {
 			}
 			for _, b := range blocks {
 				if holds(b, handleID) {
-					if err := m.releaseHandleInBlock(ctx, b.Name, handleID); err != nil {
+					if err := m.releaseHandleInBlock(ctx, b.Name, handleID, b); err != nil {
 						return err
 					}
 				}
@@ -111,7 +122,7 @@ func (m *IPAM) ReleaseHandle(ctx context.Context, handleID, node string) error {
 			if err != nil {
 				continue
 			}
-			if err := m.releaseHandleInBlock(ctx, BlockName(p), handleID); err != nil {
+			if err := m.releaseHandleInBlock(ctx, BlockName(p), handleID, nil); err != nil {
 				return err
 			}
 		}
@@ -138,26 +149,44 @@ func holds(b *tabbyv1.IPAMBlock, handleID string) bool {
 	return false
 }
 
-// releaseHandleInBlock frees a handle's addresses in one block (CAS).
-func (m *IPAM) releaseHandleInBlock(ctx context.Context, blockName, handleID string) error {
-	for range maxRetries {
-		b, err := m.ds.IPAMBlocks.Get(ctx, blockName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
+// releaseHandleInBlock frees a handle's addresses in one block (CAS). The
+// first try works on known (a consistent read) or else on the Source's
+// copy; a copy that shows nothing to release is checked against the API
+// server.
+func (m *IPAM) releaseHandleInBlock(ctx context.Context, blockName, handleID string, known *tabbyv1.IPAMBlock) error {
+	for attempt := range maxRetries {
+		b, confirmed := known, known != nil
+		var err error
+		if attempt == 0 && b == nil {
+			b, err = m.src.Block(ctx, blockName)
+		}
+		if attempt > 0 || (b == nil && err == nil) {
+			b, err = getBlock(ctx, m.ds, blockName)
+			confirmed = true
+			if err == nil && b != nil {
+				m.observe(b)
+			}
 		}
 		if err != nil {
 			return wrapDS(m.ds, fmt.Errorf("reading block %s: %w", blockName, err))
+		}
+		if b == nil {
+			return nil
 		}
 		if err := blockOK(b); err != nil {
 			return err
 		}
 		n := b.DeepCopy()
 		if releaseHandle(n, handleID) == 0 {
+			if !confirmed {
+				continue // the copy may predate the allocation: look again
+			}
 			return nil
 		}
-		_, err = m.ds.IPAMBlocks.Update(ctx, n, metav1.UpdateOptions{})
+		updated, err := m.ds.IPAMBlocks.Update(ctx, n, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
+			m.observe(updated)
 			return nil
 		case apierrors.IsConflict(err):
 			continue
@@ -244,6 +273,7 @@ func (m *IPAM) releaseInBlock(ctx context.Context, bp netip.Prefix, opts []Relea
 		if err != nil {
 			return nil, nil, wrapDS(m.ds, fmt.Errorf("reading block %s: %w", bp, err))
 		}
+		m.observe(b)
 		if err := blockOK(b); err != nil {
 			return nil, nil, err
 		}
@@ -275,9 +305,10 @@ func (m *IPAM) releaseInBlock(ctx context.Context, bp netip.Prefix, opts []Relea
 			return nil, skipped, nil
 		}
 		compactAttributes(n)
-		_, err = m.ds.IPAMBlocks.Update(ctx, n, metav1.UpdateOptions{})
+		updated, err := m.ds.IPAMBlocks.Update(ctx, n, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
+			m.observe(updated)
 			return released, skipped, nil
 		case apierrors.IsConflict(err):
 			continue
@@ -330,9 +361,19 @@ func (m *IPAM) shrinkHandle(ctx context.Context, handleID string, delta map[stri
 
 // HandleIPs returns the addresses a handle holds (none when it holds nothing).
 func (m *IPAM) HandleIPs(ctx context.Context, handleID string) ([]net.IP, error) {
+	return m.HandleIPsOnNode(ctx, handleID, "")
+}
+
+// HandleIPsOnNode is HandleIPs that, when the handle object is missing (an
+// assignment whose handle was not recorded yet, see AssignDeferred), finds
+// the handle's addresses in the node's blocks.
+func (m *IPAM) HandleIPsOnNode(ctx context.Context, handleID, node string) ([]net.IP, error) {
 	h, err := m.ds.IPAMHandles.Get(ctx, HandleObjectName(handleID), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, nil
+		if node == "" {
+			return nil, nil
+		}
+		return m.handleIPsInNodeBlocks(ctx, handleID, node)
 	}
 	if err != nil {
 		return nil, wrapDS(m.ds, fmt.Errorf("reading handle %s: %w", handleID, err))
@@ -356,8 +397,33 @@ func (m *IPAM) HandleIPs(ctx context.Context, handleID string) ([]net.IP, error)
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	sortIPs(out)
 	return out, nil
+}
+
+func (m *IPAM) handleIPsInNodeBlocks(ctx context.Context, handleID, node string) ([]net.IP, error) {
+	blocks, err := m.nodeBlocks(ctx, node, false)
+	if err != nil {
+		return nil, wrapDS(m.ds, err)
+	}
+	var out []net.IP
+	for _, b := range blocks {
+		p, err := blockPrefix(b)
+		if err != nil {
+			continue
+		}
+		for ord := range b.Spec.Allocations {
+			if a := attributeOf(b, ord); a != nil && a.HandleID == handleID {
+				out = append(out, net.IP(addrAt(p, ord).AsSlice()))
+			}
+		}
+	}
+	sortIPs(out)
+	return out, nil
+}
+
+func sortIPs(ips []net.IP) {
+	sort.Slice(ips, func(i, j int) bool { return ips[i].String() < ips[j].String() })
 }
 
 // NodeHandles returns the IDs of handles holding addresses allocated on a
@@ -399,10 +465,7 @@ func (m *IPAM) UsablePools(ctx context.Context, node string) ([]*tabbyv1.IPPool,
 	}
 	var n *corev1.Node
 	if needsNode(list) {
-		n, err = m.ds.Nodes.Get(ctx, node, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			n = nil
-		} else if err != nil {
+		if n, err = m.src.Node(ctx, node); err != nil {
 			return nil, wrapDS(m.ds, fmt.Errorf("reading node %s: %w", node, err))
 		}
 	}
@@ -423,17 +486,64 @@ type PodAnnotations struct {
 	IPs                  []net.IP
 }
 
+// Apply makes the annotations override what a request asks for: their pool
+// lists replace the request's, and requested addresses replace the families
+// (each address asks for its own family).
+func (a PodAnnotations) Apply(req *Request) {
+	if len(a.IPv4Pools) > 0 {
+		req.IPv4Pools = a.IPv4Pools
+	}
+	if len(a.IPv6Pools) > 0 {
+		req.IPv6Pools = a.IPv6Pools
+	}
+	if len(a.IPs) > 0 {
+		req.IPs = a.IPs
+		req.IPv4, req.IPv6 = false, false
+		for _, ip := range a.IPs {
+			if ip.To4() != nil {
+				req.IPv4 = true
+			} else {
+				req.IPv6 = true
+			}
+		}
+	}
+}
+
+// PodLookup reads a Pod and a Namespace; errors are the API server's (a
+// missing object is a NotFound error). The default reads them from the API
+// server; tabbyd reads its informer caches first.
+type PodLookup interface {
+	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	Namespace(ctx context.Context, name string) (*corev1.Namespace, error)
+}
+
+type apiPods struct{ ds *datastore.Client }
+
+func (l apiPods) Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	return l.ds.Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (l apiPods) Namespace(ctx context.Context, name string) (*corev1.Namespace, error) {
+	return l.ds.Namespaces.Get(ctx, name, metav1.GetOptions{})
+}
+
 // PodRequest reads a pod's IPAM annotations, falling back to its namespace's
 // for the pool lists. The Pod and Namespace are read concurrently.
 func PodRequest(ctx context.Context, ds *datastore.Client, namespace, pod string) (PodAnnotations, error) {
+	return PodRequestVia(ctx, ds, apiPods{ds}, namespace, pod)
+}
+
+// PodRequestVia is PodRequest reading the Pod and Namespace through l (ds
+// names the API server in errors).
+func PodRequestVia(ctx context.Context, ds *datastore.Client, l PodLookup, namespace, pod string) (PodAnnotations, error) {
 	var out PodAnnotations
 	var p *corev1.Pod
 	var ns *corev1.Namespace
 	var perr, nerr error
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p, perr = ds.Pods(namespace).Get(ctx, pod, metav1.GetOptions{}) }()
-	go func() { defer wg.Done(); ns, nerr = ds.Namespaces.Get(ctx, namespace, metav1.GetOptions{}) }()
+	go func() { defer wg.Done(); p, perr = l.Pod(ctx, namespace, pod) }()
+	go func() { defer wg.Done(); ns, nerr = l.Namespace(ctx, namespace) }()
 	wg.Wait()
 	if perr != nil {
 		if apierrors.IsNotFound(perr) {
@@ -443,6 +553,9 @@ func PodRequest(ctx context.Context, ds *datastore.Client, namespace, pod string
 	}
 	if nerr != nil && !apierrors.IsNotFound(nerr) {
 		return out, wrapDS(ds, fmt.Errorf("reading namespace %s: %w", namespace, nerr))
+	}
+	if apierrors.IsNotFound(nerr) {
+		ns = nil
 	}
 	get := func(key string) (string, string) {
 		if v, ok := p.Annotations[key]; ok {

@@ -2,68 +2,81 @@ package plugin
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"log/slog"
 	"net"
-	"time"
 
-	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 )
 
-// Allocator is what the plugins need of tabby's IPAM and datastore. The
-// real one is the ipam package over the Kubernetes API; tests may pass
-// another through Deps.
+// Allocator is what the plugins need of tabby's IPAM. There are two: tabbyd's
+// CNI agent on its unix socket (an *agentapi.Client), which keeps warm
+// connections and informer caches and serialises the node's assignments
+// itself, and the datastore reached directly from the plugin process
+// (package plugin/direct), which serialises them with the node's lock file.
+// Tests may pass others through Deps.
 type Allocator interface {
-	Assign(ctx context.Context, req ipam.Request) ([]ipam.Assigned, error)
+	// Assign hands out the addresses of one attachment. For a pod
+	// (Namespace and Pod set), its IPAM annotations, or its namespace's,
+	// override the pools and families of the request. On error nothing
+	// stays assigned, as far as the allocator knows.
+	Assign(ctx context.Context, req agentapi.AssignRequest) ([]agentapi.Address, error)
+	// ReleaseHandle frees everything a handle holds; nothing held is fine.
 	ReleaseHandle(ctx context.Context, handleID, node string) error
-	HandleIPs(ctx context.Context, handleID string) ([]net.IP, error)
+	// HandleIPs returns the addresses a handle holds on the node.
+	HandleIPs(ctx context.Context, handleID, node string) ([]net.IP, error)
+	// NodeHandles lists the handles holding addresses on the node.
 	NodeHandles(ctx context.Context, node string) ([]string, error)
-	UsablePools(ctx context.Context, node string) ([]*tabbyv1.IPPool, error)
-	PodRequest(ctx context.Context, namespace, pod string) (ipam.PodAnnotations, error)
+	// UsablePools lists the enabled pools the node may use.
+	UsablePools(ctx context.Context, node string) ([]agentapi.Pool, error)
+	// Ping fails when the datastore cannot be reached.
 	Ping(ctx context.Context) error
 }
 
 // Deps are what the commands need from outside the config.
 type Deps struct {
-	// NewAllocator connects to IPAM; nil means the datastore the config's
-	// kubeconfig names.
+	// NewAllocator, when set, is the allocator (tests); the choice below is
+	// skipped.
 	NewAllocator func(ctx context.Context, c *Config, log *slog.Logger) (Allocator, error)
+	// Direct connects to the datastore from this process (plugin/direct.New).
+	// It is used when tabbyd's agent does not accept a connection. Nil in a
+	// binary built without a datastore client (cmd/tabby): the command then
+	// runs in the tabby-ipam binary instead (see ReexecDirect).
+	Direct func(ctx context.Context, c *Config, log *slog.Logger) (Allocator, error)
+	// NoAgent skips tabbyd's agent (the command was handed over because it
+	// did not answer).
+	NoAgent bool
 	// Logger; nil means the one the config's logLevel asks for.
 	Logger *slog.Logger
 }
 
-func (d Deps) allocator(ctx context.Context, c *Config, log *slog.Logger) (Allocator, error) {
+// errDirectNeeded: the agent is not there and this binary cannot reach the
+// datastore itself.
+var errDirectNeeded = errors.New("tabby: tabbyd's CNI agent is not available and this binary has no datastore client")
+
+// resolve picks the allocator of one command: tabbyd's agent when its
+// socket accepts a connection, else the datastore directly. Only a
+// connection that cannot be made falls back; once connected, the agent's
+// answers (errors included) are final.
+func (d Deps) resolve(ctx context.Context, c *Config, log *slog.Logger) (Allocator, error) {
 	if d.NewAllocator != nil {
 		return d.NewAllocator(ctx, c, log)
 	}
-	return NewDatastoreAllocator(c, log)
-}
-
-// datastoreAllocator is the ipam package over the Kubernetes API.
-type datastoreAllocator struct {
-	ds *datastore.Client
-	*ipam.IPAM
-}
-
-// NewDatastoreAllocator connects to the API server named by the config's
-// kubeconfig; every request is bounded by the config's timeout.
-func NewDatastoreAllocator(c *Config, log *slog.Logger) (Allocator, error) {
-	rc, err := datastore.LoadConfig(c.Kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("tabby: %w", err)
+	if c.AgentSocket != "" && !d.NoAgent {
+		cl, err := agentapi.Dial(ctx, c.AgentSocket)
+		if err == nil {
+			log.Debug("using tabbyd's CNI agent", "socket", c.AgentSocket)
+			return cl, nil
+		}
+		log.Debug("tabbyd's CNI agent is not available; using the API server directly", "socket", c.AgentSocket, "error", err)
 	}
-	rc.Timeout = c.Timeout
-	ds, err := datastore.New(rc)
-	if err != nil {
-		return nil, fmt.Errorf("tabby: connecting to the datastore: %w", err)
+	if d.Direct == nil {
+		return nil, errDirectNeeded
 	}
-	return &datastoreAllocator{ds: ds, IPAM: ipam.New(ds, ipam.WithLogger(log), ipam.WithPoolListReuse(time.Second))}, nil
+	return d.Direct(ctx, c, log)
 }
 
-func (a *datastoreAllocator) PodRequest(ctx context.Context, namespace, pod string) (ipam.PodAnnotations, error) {
-	return ipam.PodRequest(ctx, a.ds, namespace, pod)
+// allocator is the allocator the command's wrapper resolved (see run).
+func (d Deps) allocator(ctx context.Context, c *Config, log *slog.Logger) (Allocator, error) {
+	return d.resolve(ctx, c, log)
 }
-
-func (a *datastoreAllocator) Ping(ctx context.Context) error { return a.ds.Ping(ctx) }

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 )
 
 // IPAMTypeTabby is the ipam.type that the tabby plugin serves in-process
@@ -34,7 +37,7 @@ const (
 //
 // The tabby-ipam plugin reads the same keys: when it runs under another plugin
 // (ptp, bridge) the ipam section may carry kubeconfig, nodename, timeout,
-// lockFile and logLevel itself; they override the top-level ones.
+// lockFile, agentSocket and logLevel itself; they override the top-level ones.
 type NetConf struct {
 	types.NetConf
 
@@ -54,6 +57,9 @@ type NetConf struct {
 	// LockFile serialises IPAM between concurrent commands on one node;
 	// default /var/run/tabby/ipam-<nodename>.lock.
 	LockFile string `json:"lockFile,omitempty"`
+	// AgentSocket is tabbyd's CNI agent (tabbyd --cni-socket); default
+	// /var/run/tabby/cni.sock, "" never asks tabbyd.
+	AgentSocket *string `json:"agentSocket,omitempty"`
 
 	// IPAM is the "ipam" section; it shadows types.NetConf.IPAM.
 	IPAM IPAMConf `json:"ipam"`
@@ -73,11 +79,12 @@ type IPAMConf struct {
 
 	// These override the top-level keys of the same names (for tabby-ipam
 	// under another plugin).
-	Kubeconfig string `json:"kubeconfig,omitempty"`
-	NodeName   string `json:"nodename,omitempty"`
-	LogLevel   string `json:"logLevel,omitempty"`
-	Timeout    string `json:"timeout,omitempty"`
-	LockFile   string `json:"lockFile,omitempty"`
+	Kubeconfig  string  `json:"kubeconfig,omitempty"`
+	NodeName    string  `json:"nodename,omitempty"`
+	LogLevel    string  `json:"logLevel,omitempty"`
+	Timeout     string  `json:"timeout,omitempty"`
+	LockFile    string  `json:"lockFile,omitempty"`
+	AgentSocket *string `json:"agentSocket,omitempty"`
 }
 
 // Config is a parsed, validated config with every default applied.
@@ -93,6 +100,8 @@ type Config struct {
 	LogLevel string
 	Timeout  time.Duration
 	LockFile string
+	// AgentSocket is tabbyd's CNI agent; "" means do not use it.
+	AgentSocket string
 
 	IPAMType  string
 	IPv4      bool
@@ -201,6 +210,16 @@ func LoadConfig(data []byte) (*Config, error) {
 	}
 	if c.LockFile == "" {
 		c.LockFile = DefaultLockDir + "/ipam-" + c.NodeName + ".lock"
+	}
+	c.AgentSocket = agentapi.DefaultSocket
+	for _, s := range []*string{nc.IPAM.AgentSocket, nc.AgentSocket} {
+		if s != nil {
+			c.AgentSocket = *s
+			break
+		}
+	}
+	if c.AgentSocket != "" && !filepath.IsAbs(c.AgentSocket) {
+		return nil, ConfigError("tabby: agentSocket %q is not an absolute path: use tabbyd's --cni-socket (default %s), or \"\" to never ask tabbyd", c.AgentSocket, agentapi.DefaultSocket)
 	}
 	for _, p := range append(append([]string(nil), c.IPv4Pools...), c.IPv6Pools...) {
 		if p == "" {

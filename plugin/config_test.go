@@ -71,6 +71,21 @@ func TestLoadConfigKeys(t *testing.T) {
 				t.Errorf("%+v", c.ValidAttachments)
 			}
 		}},
+		{"agent socket default", `{"cniVersion":"1.1.0","name":"n","nodename":"a","ipam":{"type":"tabby-ipam"}}`, func(t *testing.T, c *Config) {
+			if c.AgentSocket != "/var/run/tabby/cni.sock" {
+				t.Errorf("agentSocket %q", c.AgentSocket)
+			}
+		}},
+		{"agent socket off", `{"cniVersion":"1.1.0","name":"n","nodename":"a","agentSocket":"","ipam":{"type":"tabby-ipam"}}`, func(t *testing.T, c *Config) {
+			if c.AgentSocket != "" {
+				t.Errorf("agentSocket %q", c.AgentSocket)
+			}
+		}},
+		{"agent socket in ipam wins", `{"cniVersion":"1.1.0","name":"n","nodename":"a","agentSocket":"/top.sock","ipam":{"type":"tabby-ipam","agentSocket":"/inner.sock"}}`, func(t *testing.T, c *Config) {
+			if c.AgentSocket != "/inner.sock" {
+				t.Errorf("agentSocket %q", c.AgentSocket)
+			}
+		}},
 		{"prev result", `{"cniVersion":"1.0.0","name":"n","nodename":"a","ipam":{"type":"tabby-ipam"},"prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.1/32"}]}}`, func(t *testing.T, c *Config) {
 			if c.PrevResult == nil {
 				t.Error("no prevResult")
@@ -104,6 +119,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"bad log level", `{"name":"n","nodename":"a","logLevel":"loud","ipam":{"type":"tabby-ipam"}}`, "logLevel \"loud\"", types.ErrInvalidNetworkConfig},
 		{"bad node name", `{"name":"n","nodename":"Node_1","ipam":{"type":"tabby-ipam"}}`, "not a valid Kubernetes node name", types.ErrInvalidNetworkConfig},
 		{"empty pool name", `{"name":"n","nodename":"a","ipam":{"type":"tabby-ipam","ipv4Pools":[""]}}`, "empty pool name", types.ErrInvalidNetworkConfig},
+		{"relative agent socket", `{"name":"n","nodename":"a","agentSocket":"cni.sock","ipam":{"type":"tabby-ipam"}}`, "agentSocket \"cni.sock\" is not an absolute path", types.ErrInvalidNetworkConfig},
 		{"assign not bool", `{"name":"n","nodename":"a","ipam":{"type":"tabby-ipam","assignIPv4":"yes"}}`, "not valid JSON", types.ErrDecodingFailure},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -11,9 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 )
 
 // ErrPluginNotAvailable is the CNI 1.1 error code STATUS returns when the
@@ -22,86 +20,45 @@ const ErrPluginNotAvailable uint = 50
 
 // ipamAdd assigns the addresses of one attachment: the pod's annotations
 // (or its namespace's) pick pools and addresses, the config's lists apply
-// otherwise. The node lock is held around the assignment only. On failure
+// otherwise; the allocator serialises the node's assignments. On failure
 // nothing stays allocated under the handle.
 func ipamAdd(ctx context.Context, c *Config, containerID string, pod PodID, alloc Allocator, log *slog.Logger) ([]*current.IPConfig, error) {
-	req := ipam.Request{
+	req := agentapi.AssignRequest{
 		HandleID:  c.HandleID(containerID),
 		Node:      c.NodeName,
 		IPv4:      c.IPv4,
 		IPv6:      c.IPv6,
 		IPv4Pools: c.IPv4Pools,
 		IPv6Pools: c.IPv6Pools,
-		Use:       tabbyv1.UseWorkload,
 	}
 	if pod.Known() {
-		req.Namespace, req.Pod = pod.Namespace, pod.Name
-		ann, err := alloc.PodRequest(ctx, pod.Namespace, pod.Name)
-		if err != nil {
-			return nil, datastoreError(fmt.Errorf("tabby: reading the IPAM annotations of pod %s: %w", pod, err))
-		}
-		if len(ann.IPv4Pools) > 0 {
-			req.IPv4Pools = ann.IPv4Pools
-		}
-		if len(ann.IPv6Pools) > 0 {
-			req.IPv6Pools = ann.IPv6Pools
-		}
-		if len(ann.IPs) > 0 {
-			req.IPs = ann.IPs
-			req.IPv4, req.IPv6 = false, false
-			for _, ip := range ann.IPs {
-				if ip.To4() != nil {
-					req.IPv4 = true
-				} else {
-					req.IPv6 = true
-				}
-			}
-		}
-	}
-	lock, err := LockNode(ctx, c.LockFile)
-	if err != nil {
-		return nil, err
+		req.Namespace, req.Pod, req.PodUID = pod.Namespace, pod.Name, pod.UID
 	}
 	assigned, err := alloc.Assign(ctx, req)
 	if err != nil {
-		// Assign undoes what it did, but a timeout may leave its last write
-		// unknown: release the handle to be sure.
+		// The allocator undoes what it did, but a timeout may leave its
+		// last write unknown: release the handle to be sure.
 		cctx, cancel := cleanupContext(ctx, c)
 		if rerr := alloc.ReleaseHandle(cctx, req.HandleID, c.NodeName); rerr != nil {
 			log.Warn("releasing the handle after a failed assignment", "handle", req.HandleID, "error", rerr)
 		}
 		cancel()
-		lock.Unlock()
 		return nil, datastoreError(fmt.Errorf("tabby: assigning addresses to %s on node %s: %w", describe(pod, containerID), c.NodeName, err))
 	}
-	lock.Unlock()
 	if len(assigned) == 0 {
 		_ = ipamRelease(ctx, c, req.HandleID, alloc)
 		return nil, fmt.Errorf("tabby: IPAM assigned no address to %s", describe(pod, containerID))
 	}
 	ips := make([]*current.IPConfig, 0, len(assigned))
 	for _, a := range assigned {
-		n := a.Net()
-		ips = append(ips, &current.IPConfig{Address: hostPrefix(n.IP), Gateway: gatewayFor(n.IP)})
-		log.Info("assigned", "handle", req.HandleID, "ip", n.String(), "pool", poolName(a.Pool))
+		ips = append(ips, &current.IPConfig{Address: hostPrefix(a.IP), Gateway: gatewayFor(a.IP)})
+		log.Info("assigned", "handle", req.HandleID, "ip", a.IP.String(), "pool", a.Pool)
 	}
 	return ips, nil
 }
 
-func poolName(p *tabbyv1.IPPool) string {
-	if p == nil {
-		return ""
-	}
-	return p.Name
-}
-
-// ipamRelease frees everything a handle holds, under the node lock.
+// ipamRelease frees everything a handle holds.
 func ipamRelease(ctx context.Context, c *Config, handleID string, alloc Allocator) error {
-	lock, err := LockNode(ctx, c.LockFile)
-	if err != nil {
-		return err
-	}
-	defer lock.Unlock()
 	if err := alloc.ReleaseHandle(ctx, handleID, c.NodeName); err != nil {
 		return datastoreError(fmt.Errorf("tabby: releasing the addresses of %s: %w", handleID, err))
 	}
@@ -110,7 +67,7 @@ func ipamRelease(ctx context.Context, c *Config, handleID string, alloc Allocato
 
 // ipamCheck verifies that the handle still holds every address in ips.
 func ipamCheck(ctx context.Context, c *Config, handleID string, ips []net.IP, alloc Allocator) error {
-	held, err := alloc.HandleIPs(ctx, handleID)
+	held, err := alloc.HandleIPs(ctx, handleID, c.NodeName)
 	if err != nil {
 		return datastoreError(fmt.Errorf("tabby: reading the addresses of %s: %w", handleID, err))
 	}
@@ -169,7 +126,7 @@ func ipamStatus(ctx context.Context, c *Config, alloc Allocator) error {
 	}
 	var v4, v6 bool
 	for _, p := range pools {
-		_, n, err := net.ParseCIDR(p.Spec.CIDR)
+		_, n, err := net.ParseCIDR(p.CIDR)
 		if err != nil {
 			continue
 		}
@@ -190,14 +147,19 @@ func ipamStatus(ctx context.Context, c *Config, alloc Allocator) error {
 	return nil
 }
 
-// datastoreError marks errors of an unreachable datastore as "try again
-// later" (CNI code 11); other errors pass through.
+// datastoreError marks errors of an unreachable datastore, and of a tabbyd
+// that went away in the middle of a request, as "try again later" (CNI code
+// 11); other errors pass through.
 func datastoreError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if datastore.IsUnreachable(err) {
+	var ae *agentapi.Error
+	if errors.As(err, &ae) && ae.Unreachable {
 		return types.NewError(types.ErrTryAgainLater, err.Error(), "the Kubernetes API server could not be reached; the runtime should retry")
+	}
+	if errors.Is(err, agentapi.ErrConnectionLost) || errors.Is(err, agentapi.ErrUnavailable) {
+		return types.NewError(types.ErrTryAgainLater, err.Error(), "tabbyd stopped while serving the request; the runtime should retry")
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -13,26 +14,23 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 )
 
 // fakeAllocator is an in-memory Allocator.
 type fakeAllocator struct {
 	mu        sync.Mutex
 	handles   map[string][]net.IP
-	pools     []*tabbyv1.IPPool
+	pools     []agentapi.Pool
 	pingErr   error
 	assignErr error
-	ann       ipam.PodAnnotations
-	requests  []ipam.Request
+	requests  []agentapi.AssignRequest
 	released  []string
 	next      byte
 }
 
-func (f *fakeAllocator) Assign(_ context.Context, req ipam.Request) ([]ipam.Assigned, error) {
+func (f *fakeAllocator) Assign(_ context.Context, req agentapi.AssignRequest) ([]agentapi.Address, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.requests = append(f.requests, req)
@@ -44,7 +42,7 @@ func (f *fakeAllocator) Assign(_ context.Context, req ipam.Request) ([]ipam.Assi
 	f.next++
 	ip := net.IPv4(10, 0, 0, f.next).To4()
 	f.handles[req.HandleID] = append(f.handles[req.HandleID], ip)
-	return []ipam.Assigned{{IP: ip}}, nil
+	return []agentapi.Address{{IP: ip, Pool: "p", Block: "10.0.0.0/26"}}, nil
 }
 
 func (f *fakeAllocator) ReleaseHandle(_ context.Context, h, _ string) error {
@@ -55,7 +53,7 @@ func (f *fakeAllocator) ReleaseHandle(_ context.Context, h, _ string) error {
 	return nil
 }
 
-func (f *fakeAllocator) HandleIPs(_ context.Context, h string) ([]net.IP, error) {
+func (f *fakeAllocator) HandleIPs(_ context.Context, h, _ string) ([]net.IP, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.handles[h], nil
@@ -72,12 +70,8 @@ func (f *fakeAllocator) NodeHandles(context.Context, string) ([]string, error) {
 	return out, nil
 }
 
-func (f *fakeAllocator) UsablePools(context.Context, string) ([]*tabbyv1.IPPool, error) {
+func (f *fakeAllocator) UsablePools(context.Context, string) ([]agentapi.Pool, error) {
 	return f.pools, nil
-}
-
-func (f *fakeAllocator) PodRequest(context.Context, string, string) (ipam.PodAnnotations, error) {
-	return f.ann, nil
 }
 
 func (f *fakeAllocator) Ping(context.Context) error { return f.pingErr }
@@ -95,24 +89,54 @@ var discard = slog.New(slog.DiscardHandler)
 
 func TestIPAMAddRequest(t *testing.T) {
 	c := testConfig(t)
-	f := &fakeAllocator{handles: map[string][]net.IP{}, ann: ipam.PodAnnotations{IPv4Pools: []string{"annotated"}, IPs: []net.IP{net.ParseIP("fd00::5")}}}
-	ips, err := ipamAdd(context.Background(), c, "cid", PodID{Namespace: "ns", Name: "p"}, f, discard)
+	c.IPv4Pools = []string{"configured"}
+	f := &fakeAllocator{handles: map[string][]net.IP{}}
+	ips, err := ipamAdd(context.Background(), c, "cid", PodID{Namespace: "ns", Name: "p", UID: "u1"}, f, discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ips) != 1 || ips[0].Address.String() != "10.0.0.1/32" || !ips[0].Gateway.Equal(GatewayV4) {
 		t.Errorf("ips %v", ips)
 	}
+	// The allocator gets the pod's identity (it reads the annotations) and
+	// the config's choices.
 	r := f.requests[0]
-	if r.HandleID != "net.cid" || r.Node != "n1" || r.Namespace != "ns" || r.Pod != "p" || r.Use != tabbyv1.UseWorkload {
+	if r.HandleID != "net.cid" || r.Node != "n1" || r.Namespace != "ns" || r.Pod != "p" || r.PodUID != "u1" {
 		t.Errorf("request %+v", r)
 	}
-	if len(r.IPv4Pools) != 1 || r.IPv4Pools[0] != "annotated" {
-		t.Errorf("annotation pools not used: %+v", r)
+	if !r.IPv4 || r.IPv6 || len(r.IPv4Pools) != 1 || r.IPv4Pools[0] != "configured" {
+		t.Errorf("config choices not passed: %+v", r)
 	}
-	// Requested addresses decide the families.
-	if r.IPv4 || !r.IPv6 || len(r.IPs) != 1 {
-		t.Errorf("families from ipAddrs: %+v", r)
+	// Without a pod identity: no pod in the request.
+	if _, err := ipamAdd(context.Background(), c, "cid2", PodID{}, f, discard); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.requests[1]; r.Namespace != "" || r.Pod != "" {
+		t.Errorf("request without pod %+v", r)
+	}
+}
+
+func TestDatastoreErrorCodes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		code uint
+	}{
+		{"agent: API server unreachable", &agentapi.Error{Message: "x cannot be reached", Unreachable: true}, types.ErrTryAgainLater},
+		{"agent: exhausted passes through", &agentapi.Error{Message: "no address available", Exhausted: true}, 0},
+		{"agent went away", fmt.Errorf("wrapped: %w", agentapi.ErrConnectionLost), types.ErrTryAgainLater},
+		{"other", errors.New("bad annotation"), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := datastoreError(tc.err)
+			var e *types.Error
+			if errors.As(err, &e) != (tc.code != 0) || (e != nil && e.Code != tc.code) {
+				t.Errorf("got %v (%T), want code %d", err, err, tc.code)
+			}
+			if err.Error() == "" || !strings.Contains(err.Error(), tc.err.Error()) {
+				t.Errorf("message lost: %v", err)
+			}
+		})
 	}
 }
 
@@ -163,17 +187,17 @@ func TestIPAMCheck(t *testing.T) {
 
 func TestIPAMStatus(t *testing.T) {
 	ctx := context.Background()
-	v4 := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "v4"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.0.0.0/16"}}
+	v4 := agentapi.Pool{Name: "v4", CIDR: "10.0.0.0/16"}
 	for _, tc := range []struct {
 		name string
 		f    *fakeAllocator
 		v6   bool
 		want string
 	}{
-		{"ok", &fakeAllocator{pools: []*tabbyv1.IPPool{v4}}, false, ""},
+		{"ok", &fakeAllocator{pools: []agentapi.Pool{v4}}, false, ""},
 		{"unreachable", &fakeAllocator{pingErr: errors.New("the Kubernetes API server at x cannot be reached")}, false, "cannot be reached"},
 		{"no pool", &fakeAllocator{}, false, "no usable IP pool for node n1"},
-		{"no v6 pool", &fakeAllocator{pools: []*tabbyv1.IPPool{v4}}, true, "no usable IPv6 pool"},
+		{"no v6 pool", &fakeAllocator{pools: []agentapi.Pool{v4}}, true, "no usable IPv6 pool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testConfig(t)

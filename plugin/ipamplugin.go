@@ -18,11 +18,11 @@ import (
 // network that are not listed, STATUS checks the datastore and pools.
 func IPAMFuncs(d Deps) skel.CNIFuncs {
 	return skel.CNIFuncs{
-		Add:    run(d, "tabby-ipam", IPAMAdd),
-		Check:  run(d, "tabby-ipam", IPAMCheck),
-		Del:    run(d, "tabby-ipam", IPAMDel),
-		GC:     run(d, "tabby-ipam", IPAMGC),
-		Status: run(d, "tabby-ipam", IPAMStatus),
+		Add:    run(d, "tabby-ipam", IPAMAdd, always),
+		Check:  run(d, "tabby-ipam", IPAMCheck, always),
+		Del:    run(d, "tabby-ipam", IPAMDel, always),
+		GC:     run(d, "tabby-ipam", IPAMGC, always),
+		Status: run(d, "tabby-ipam", IPAMStatus, always),
 	}
 }
 
@@ -102,3 +102,5 @@ func IPAMStatus(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log 
 	}
 	return nil, ipamStatus(ctx, c, alloc)
 }
+
+func always(*Config) bool { return true }

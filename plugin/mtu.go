@@ -8,7 +8,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
-	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 )
 
 // Encapsulation overheads subtracted from the underlay MTU.
@@ -22,28 +22,30 @@ const DefaultLinkMTU = 1500
 
 // EncapOverhead is the largest encapsulation overhead over the pools: VXLAN
 // 50, IPIP 20, for any mode but Never (disabled pools are skipped).
-func EncapOverhead(pools []*tabbyv1.IPPool) int {
+func EncapOverhead(pools []agentapi.Pool) int {
 	over := 0
 	for _, p := range pools {
-		if p == nil || p.Spec.Disabled {
+		if p.Disabled {
 			continue
 		}
-		if encapOn(p.Spec.VXLANMode) && OverheadVXLAN > over {
+		if encapOn(p.VXLANMode) && OverheadVXLAN > over {
 			over = OverheadVXLAN
 		}
-		if encapOn(p.Spec.IPIPMode) && OverheadIPIP > over {
+		if encapOn(p.IPIPMode) && OverheadIPIP > over {
 			over = OverheadIPIP
 		}
 	}
 	return over
 }
 
-func encapOn(m tabbyv1.EncapMode) bool { return m != "" && m != tabbyv1.EncapNever }
+// encapOn: an encapsulation mode (the IPPool's ipipMode or vxlanMode,
+// Never, Always or CrossSubnet) other than Never.
+func encapOn(m string) bool { return m != "" && m != "Never" }
 
 // ComputeMTU is the pod interface MTU: the configured one when set, else the
 // node's default-route interface MTU (linkMTU; DefaultLinkMTU when 0) less
 // the largest encapsulation overhead of the usable pools.
-func ComputeMTU(configured, linkMTU int, pools []*tabbyv1.IPPool) int {
+func ComputeMTU(configured, linkMTU int, pools []agentapi.Pool) int {
 	if configured > 0 {
 		return configured
 	}

@@ -22,6 +22,8 @@ const aliasPrefix = "tabby:"
 // PodID is the pod identity a runtime passes in CNI_ARGS.
 type PodID struct {
 	Namespace, Name string
+	// UID (K8S_POD_UID) is passed by some runtimes (containerd, CRI-O).
+	UID string
 }
 
 // Known tells whether the runtime named the pod.
@@ -34,8 +36,8 @@ func (p PodID) String() string {
 	return p.Namespace + "/" + p.Name
 }
 
-// ParseArgs reads K8S_POD_NAMESPACE and K8S_POD_NAME from CNI_ARGS
-// ("K=V;K=V"), ignoring every other key.
+// ParseArgs reads K8S_POD_NAMESPACE, K8S_POD_NAME and K8S_POD_UID from
+// CNI_ARGS ("K=V;K=V"), ignoring every other key.
 func ParseArgs(args string) (PodID, error) {
 	var p PodID
 	if args == "" {
@@ -55,6 +57,8 @@ func ParseArgs(args string) (PodID, error) {
 			p.Namespace = v
 		case "K8S_POD_NAME":
 			p.Name = v
+		case "K8S_POD_UID":
+			p.UID = v
 		}
 	}
 	return p, nil

@@ -6,9 +6,8 @@ import (
 	"regexp"
 	"testing"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 )
 
 func TestHostVethName(t *testing.T) {
@@ -72,27 +71,29 @@ func TestVethAlias(t *testing.T) {
 	}
 }
 
-func pool(cidr string, ipip, vxlan tabbyv1.EncapMode, disabled bool) *tabbyv1.IPPool {
-	return &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: cidr}, Spec: tabbyv1.IPPoolSpec{CIDR: cidr, IPIPMode: ipip, VXLANMode: vxlan, Disabled: disabled}}
+// pool is what the allocators report of an IPPool (the modes are the
+// API's, so that a renamed constant shows here).
+func pool(cidr string, ipip, vxlan tabbyv1.EncapMode, disabled bool) agentapi.Pool {
+	return agentapi.Pool{Name: cidr, CIDR: cidr, IPIPMode: string(ipip), VXLANMode: string(vxlan), Disabled: disabled}
 }
 
 func TestComputeMTU(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
 		configured, link int
-		pools            []*tabbyv1.IPPool
+		pools            []agentapi.Pool
 		want             int
 	}{
-		{"configured wins", 1234, 9000, []*tabbyv1.IPPool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1234},
+		{"configured wins", 1234, 9000, []agentapi.Pool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1234},
 		{"no pools", 0, 1500, nil, 1500},
-		{"native pool", 0, 1500, []*tabbyv1.IPPool{pool("10.0.0.0/16", tabbyv1.EncapNever, tabbyv1.EncapNever, false)}, 1500},
-		{"vxlan always", 0, 1500, []*tabbyv1.IPPool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1450},
-		{"vxlan cross subnet", 0, 9000, []*tabbyv1.IPPool{pool("10.0.0.0/16", "", tabbyv1.EncapCrossSubnet, false)}, 8950},
-		{"ipip", 0, 1500, []*tabbyv1.IPPool{pool("10.0.0.0/16", tabbyv1.EncapAlways, "", false)}, 1480},
-		{"max over pools", 0, 1500, []*tabbyv1.IPPool{pool("10.0.0.0/16", tabbyv1.EncapAlways, "", false), pool("10.1.0.0/16", "", tabbyv1.EncapCrossSubnet, false)}, 1450},
-		{"disabled pool ignored", 0, 1500, []*tabbyv1.IPPool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, true), pool("10.1.0.0/16", tabbyv1.EncapAlways, "", false)}, 1480},
-		{"no default route", 0, 0, []*tabbyv1.IPPool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1450},
-		{"small underlay", 0, 1400, []*tabbyv1.IPPool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1350},
+		{"native pool", 0, 1500, []agentapi.Pool{pool("10.0.0.0/16", tabbyv1.EncapNever, tabbyv1.EncapNever, false)}, 1500},
+		{"vxlan always", 0, 1500, []agentapi.Pool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1450},
+		{"vxlan cross subnet", 0, 9000, []agentapi.Pool{pool("10.0.0.0/16", "", tabbyv1.EncapCrossSubnet, false)}, 8950},
+		{"ipip", 0, 1500, []agentapi.Pool{pool("10.0.0.0/16", tabbyv1.EncapAlways, "", false)}, 1480},
+		{"max over pools", 0, 1500, []agentapi.Pool{pool("10.0.0.0/16", tabbyv1.EncapAlways, "", false), pool("10.1.0.0/16", "", tabbyv1.EncapCrossSubnet, false)}, 1450},
+		{"disabled pool ignored", 0, 1500, []agentapi.Pool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, true), pool("10.1.0.0/16", tabbyv1.EncapAlways, "", false)}, 1480},
+		{"no default route", 0, 0, []agentapi.Pool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1450},
+		{"small underlay", 0, 1400, []agentapi.Pool{pool("10.0.0.0/16", "", tabbyv1.EncapAlways, false)}, 1350},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := ComputeMTU(tc.configured, tc.link, tc.pools); got != tc.want {

@@ -12,6 +12,12 @@
 // RouteProtocol) and an alias naming the attachment, by which DEL and GC
 // find it.
 //
+// IPAM is done by tabbyd's CNI agent when its socket (agentSocket) accepts
+// a connection, else from this process against the API server (Deps.Direct,
+// package plugin/direct); this package itself carries no Kubernetes client,
+// so that cmd/tabby, which only speaks to the agent, starts fast and hands
+// a command to tabby-ipam when tabbyd is not there (ReexecDirect).
+//
 // The commands are functions of a parsed Config and Deps, so tests can run
 // them in-process; cmd/tabby and cmd/tabby-ipam wrap them with skel.
 package plugin
@@ -58,6 +64,8 @@ Config keys (top level, or in "ipam" for tabby-ipam under another plugin):
   logLevel     debug|info|warn|error: log to stderr (default: no logging)
   timeout      bound on datastore work per command (default 30s)
   lockFile     per-node IPAM lock (default /var/run/tabby/ipam-<nodename>.lock)
+  agentSocket  tabbyd's CNI agent (default /var/run/tabby/cni.sock; "" never
+               asks tabbyd); when it accepts a connection, IPAM is done there
   ipam.type    tabby-ipam (served in-process by tabby) or any IPAM plugin
   ipam.assignIPv4 / ipam.assignIPv6   families (default true / false)
   ipam.ipv4Pools / ipam.ipv6Pools     IPPool names (pod and namespace
@@ -66,12 +74,14 @@ Config keys (top level, or in "ipam" for tabby-ipam under another plugin):
 
 // TabbyFuncs are the commands of the tabby network plugin for skel.
 func TabbyFuncs(d Deps) skel.CNIFuncs {
+	ipamOnly := (*Config).TabbyIPAM
 	return skel.CNIFuncs{
-		Add:    run(d, "tabby", CmdAdd),
-		Check:  run(d, "tabby", CmdCheck),
-		Del:    run(d, "tabby", CmdDel),
-		GC:     run(d, "tabby", CmdGC),
-		Status: run(d, "tabby", CmdStatus),
+		// ADD also reads the pools to work out the MTU.
+		Add:    run(d, "tabby", CmdAdd, func(c *Config) bool { return c.TabbyIPAM() || c.MTU == 0 }),
+		Check:  run(d, "tabby", CmdCheck, ipamOnly),
+		Del:    run(d, "tabby", CmdDel, ipamOnly),
+		GC:     run(d, "tabby", CmdGC, ipamOnly),
+		Status: run(d, "tabby", CmdStatus, ipamOnly),
 	}
 }
 
@@ -79,8 +89,12 @@ func TabbyFuncs(d Deps) skel.CNIFuncs {
 type Command func(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slog.Logger) (types.Result, error)
 
 // run parses the config, bounds the command by the config's timeout and
-// prints its result in the version the config asks for.
-func run(d Deps, name string, cmd Command) func(*skel.CmdArgs) error {
+// prints its result in the version the config asks for. When the command
+// needs IPAM (needsIPAM), the allocator is chosen first, before the command
+// changes anything: tabbyd's agent if its socket accepts a connection, else
+// the datastore directly, in this process or, in a binary without a
+// datastore client, by handing the whole command to tabby-ipam.
+func run(d Deps, name string, cmd Command, needsIPAM func(*Config) bool) func(*skel.CmdArgs) error {
 	return func(args *skel.CmdArgs) error {
 		c, err := LoadConfig(args.StdinData)
 		if err != nil {
@@ -93,6 +107,14 @@ func run(d Deps, name string, cmd Command) func(*skel.CmdArgs) error {
 		ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
 		defer cancel()
 		log.Debug("command", "container", args.ContainerID, "netns", args.Netns, "ifname", args.IfName, "args", args.Args)
+		if needsIPAM(c) && d.NewAllocator == nil {
+			alloc, aerr := d.resolve(ctx, c, log)
+			if errors.Is(aerr, errDirectNeeded) {
+				log.Debug("handing the command to tabby-ipam, which reaches the API server directly")
+				return ReexecDirect(args, name)
+			}
+			d.NewAllocator = func(context.Context, *Config, *slog.Logger) (Allocator, error) { return alloc, aerr }
+		}
 		res, err := cmd(ctx, args, c, d, log)
 		if err != nil {
 			log.Error("command failed", "container", args.ContainerID, "error", err)

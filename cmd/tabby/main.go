@@ -2,6 +2,10 @@
 // /32 (and /128) addresses from tabby's IP pools and link-local gateway
 // routes. A container runtime runs it with the CNI protocol (CNI_COMMAND and
 // the network config on stdin); run without CNI_COMMAND it prints what it is.
+//
+// It asks tabbyd's CNI agent for addresses and carries no datastore client,
+// so it starts fast; when tabbyd does not answer, it hands the command to
+// tabby-ipam, which reaches the API server itself (plugin.ReexecDirect).
 package main
 
 import (

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/daemon"
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 	"github.com/tabbynet/tabby/internal/buildinfo"
 )
 
@@ -49,6 +50,7 @@ func main() {
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&nodeIP, "node-ip", "", "this node's address for BGP and routes (default: detected)")
 	f.StringVar(&cfg.HealthListen, "health-listen", ":9099", "address serving /healthz, /readyz and /metrics")
+	f.StringVar(&cfg.CNISocket, "cni-socket", agentapi.DefaultSocket, "unix socket serving the CNI plugins' IPAM (the CNI config's agentSocket); \"\" turns it off")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)

@@ -18,13 +18,17 @@ import (
 	"github.com/tabbynet/tabby/test/testnet"
 )
 
-// cniBinDir holds the tabby and tabby-ipam binaries under test:
-// $TABBY_BIN_DIR, else TestMain builds them into the control plane's folder.
-var cniBinDir string
+// cniBinDir holds the tabby and tabby-ipam binaries under test, and
+// tabbydBin is tabbyd: from $TABBY_BIN_DIR, else TestMain builds them into
+// the control plane's folder.
+var cniBinDir, tabbydBin string
 
 func TestMain(m *testing.M) {
 	clustertest.Main(m, func(c *cluster.Cluster) (err error) {
-		cniBinDir, err = testnet.PluginDir(filepath.Join(c.Dir, "cni-bin"))
+		if cniBinDir, err = testnet.PluginDir(filepath.Join(c.Dir, "cni-bin")); err != nil {
+			return err
+		}
+		tabbydBin, err = testnet.Binary(filepath.Join(c.Dir, "cni-bin"), "tabbyd")
 		return err
 	})
 }

@@ -26,7 +26,9 @@ func ConfList(version string, plugins ...map[string]any) (*libcni.NetworkConfigL
 }
 
 // TabbyConf is the tabby plugin's entry of a conflist for this node, with
-// ipam (nil: {"type": "tabby-ipam"}; a missing type means tabby-ipam).
+// ipam (nil: {"type": "tabby-ipam"}; a missing type means tabby-ipam). The
+// plugins use the node's tabbyd when one runs (StartTabbyd), else reach the
+// API server themselves.
 func (n *Node) TabbyConf(ipam map[string]any) map[string]any {
 	if ipam == nil {
 		ipam = map[string]any{}
@@ -35,13 +37,14 @@ func (n *Node) TabbyConf(ipam map[string]any) map[string]any {
 		ipam["type"] = "tabby-ipam"
 	}
 	return map[string]any{
-		"type":       "tabby",
-		"kubeconfig": n.Kubeconfig,
-		"nodename":   n.Name,
-		"mtu":        0,
-		"lockFile":   n.LockFile,
-		"timeout":    "20s",
-		"ipam":       ipam,
+		"type":        "tabby",
+		"kubeconfig":  n.Kubeconfig,
+		"nodename":    n.Name,
+		"mtu":         0,
+		"lockFile":    n.LockFile,
+		"agentSocket": n.AgentSocket,
+		"timeout":     "20s",
+		"ipam":        ipam,
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -72,10 +73,13 @@ type NodeOptions struct {
 type Node struct {
 	Name string
 	NS   ns.NetNS
-	// Dir holds Kubeconfig, LockFile and the CNI cache.
+	// Dir holds Kubeconfig, LockFile, AgentSocket and the CNI cache.
 	Dir        string
 	Kubeconfig string // "" without NodeOptions.Cluster
 	LockFile   string
+	// AgentSocket is where the node's tabbyd serves its CNI agent
+	// (StartTabbyd) and where TabbyConf's plugins look for it.
+	AgentSocket string
 	// IPv4 and IPv6 are the uplink's first address of each family (nil
 	// when it has none).
 	IPv4, IPv6 net.IP
@@ -86,6 +90,11 @@ type Node struct {
 	DS *datastore.Client
 
 	closers []func() error
+
+	// The forwarder to the API server: its address in the node, the API
+	// server's, and how to stop it.
+	apiListen, apiTarget string
+	stopForward          func()
 }
 
 // NewNode makes a node namespace: lo up, the uplink with its addresses and
@@ -109,6 +118,7 @@ func NewNode(ctx context.Context, opts NodeOptions) (_ *Node, err error) {
 		n.onClose(func() error { return os.RemoveAll(dir) })
 	}
 	n.LockFile = filepath.Join(n.Dir, "ipam-"+n.Name+".lock")
+	n.AgentSocket = filepath.Join(n.Dir, "cni.sock")
 	n.CNI = libcni.NewCNIConfigWithCacheDir(opts.PluginDirs, filepath.Join(n.Dir, "cni-cache"), nil)
 
 	if n.NS, err = testutils.NewNS(); err != nil {
@@ -221,7 +231,8 @@ func (n *Node) connect(ctx context.Context, c *cluster.Cluster, labels map[strin
 	if err != nil {
 		return fmt.Errorf("forwarding the API server into node %s: %w", n.Name, err)
 	}
-	n.onClose(func() error { stop(); return nil })
+	n.apiListen, n.apiTarget, n.stopForward = listen, u.Host, stop
+	n.onClose(func() error { n.stopForward(); return nil })
 	n.Kubeconfig = filepath.Join(n.Dir, "tabby-kubeconfig")
 	if err := c.WriteKubeconfig(n.Kubeconfig, "https://"+listen); err != nil {
 		return err
@@ -241,6 +252,28 @@ func (n *Node) connect(ctx context.Context, c *cluster.Cluster, labels map[strin
 		return err
 	})
 	return nil
+}
+
+// CutAPIServer makes the API server unreachable from inside the node (and
+// only from there): the forwarder stops, closing every connection through
+// it, and connections to its address are refused. restore brings it back
+// on the same address.
+func (n *Node) CutAPIServer() (restore func() error) {
+	n.stopForward()
+	return func() error {
+		var ln net.Listener
+		err := n.Do(func() (err error) {
+			ln, err = net.Listen("tcp", n.apiListen)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("listening for the API server in node %s again: %w", n.Name, err)
+		}
+		n.stopForward = cluster.Forward(ln, func(ctx context.Context) (net.Conn, error) {
+			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", n.apiTarget)
+		})
+		return nil
+	}
 }
 
 // Do runs f on a thread inside the node's namespace; programs f starts run

@@ -1,0 +1,326 @@
+// Package cniagent is tabbyd's CNI agent: it does the CNI plugins' IPAM
+// work for them, as Cilium's agent does for its plugin. The plugin, a
+// process started for every pod, would otherwise pay a TLS handshake and a
+// handful of API round trips per command; tabbyd has warm connections and
+// informer caches (package caches.go) and serves the plugins over a unix
+// socket (protocol: package agentapi).
+//
+// Assignments and releases of the node are serialised by a mutex (the
+// plugin needs no lock file then). Reads come from the caches, and stale
+// reads are safe because every write is a compare-and-swap (ipam.Source).
+// The IPAMHandle of an assignment from the node's own blocks is written
+// right after the answer (ipam.AssignDeferred): until then the allocation
+// is found through the blocks, which carry the handle, and the agent makes
+// a release or CHECK of that handle wait for the write.
+package cniagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/daemon/cniagent/ipamops"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// Config configures the agent.
+type Config struct {
+	// Socket is the unix socket to serve (agentapi.DefaultSocket).
+	Socket   string
+	NodeName string
+	DS       *datastore.Client
+	Log      *slog.Logger
+	// Registerer takes the agent's metrics (nil: none).
+	Registerer prometheus.Registerer
+}
+
+// Agent serves the CNI plugins' IPAM requests.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	caches *Caches
+	ipam   *ipam.IPAM
+	ops    ipamops.Ops
+
+	// mu serialises the node's assignments and releases.
+	mu sync.Mutex
+
+	pendingMu sync.Mutex
+	pending   map[string]chan struct{} // handle ID -> closed once recorded
+	records   sync.WaitGroup
+
+	otherNodes sync.Map // node names of requests for other nodes (warned once)
+
+	met metrics
+}
+
+// New makes an agent; Run serves it.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Socket == "" || cfg.NodeName == "" || cfg.DS == nil {
+		return nil, errors.New("cniagent: a socket, a node name and a datastore are needed")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, log: cfg.Log.With("component", "cni-agent"), pending: map[string]chan struct{}{}, met: newMetrics()}
+	a.caches = NewCaches(cfg.DS, cfg.NodeName)
+	a.caches.podLookup = func(source string) { a.met.podLookups.WithLabelValues(source).Inc() }
+	a.ipam = ipam.New(cfg.DS, ipam.WithLogger(a.log), ipam.WithSource(a.caches))
+	a.ops = ipamops.Ops{DS: cfg.DS, IPAM: a.ipam}
+	if cfg.Registerer != nil {
+		if err := a.met.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("cniagent: registering metrics: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// Run syncs the caches, then serves the socket until ctx ends; the socket
+// exists only while the agent can answer (before, plugins fall back to the
+// API server). On the way out it finishes the requests in flight and the
+// handle writes, and removes the socket.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := prepareSocket(a.cfg.Socket); err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := a.caches.Run(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	ln, err := listen(a.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	a.log.Info("serving the CNI plugins", "socket", a.cfg.Socket, "node", a.cfg.NodeName, "cacheSync", time.Since(start).Round(time.Millisecond).String())
+	err = srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	<-done
+	a.records.Wait()
+	return err
+}
+
+// prepareSocket makes the socket's folder and removes a stale socket: one
+// that accepts no connection (its tabbyd is gone). A socket that another
+// live process serves is left alone and refused.
+func prepareSocket(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("cniagent: creating the folder of %s: %w", path, err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		return fmt.Errorf("cniagent: another process (another tabbyd?) serves %s: give each tabbyd its own --cni-socket, and the CNI config the same agentSocket", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("cniagent: removing the stale socket %s: %w", path, err)
+	}
+	return nil
+}
+
+// listen creates the socket, readable and writable by its owner only.
+func listen(path string) (net.Listener, error) {
+	if err := prepareSocket(path); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("cniagent: listening on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("cniagent: restricting %s to its owner: %w", path, err)
+	}
+	return ln, nil
+}
+
+// Handler serves the endpoints of agentapi.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	endpoint(mux, a, agentapi.EndpointAssign, a.assign)
+	endpoint(mux, a, agentapi.EndpointRelease, a.release)
+	endpoint(mux, a, agentapi.EndpointHandleIPs, a.handleIPs)
+	endpoint(mux, a, agentapi.EndpointNodeHandles, a.nodeHandles)
+	endpoint(mux, a, agentapi.EndpointPools, a.usablePools)
+	endpoint(mux, a, agentapi.EndpointPing, a.ping)
+	return mux
+}
+
+// endpoint serves one JSON endpoint and counts it.
+func endpoint[Req, Resp any](mux *http.ServeMux, a *Agent, name string, f func(context.Context, Req) (Resp, error)) {
+	mux.HandleFunc("POST "+agentapi.Path+name, func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		var req Req
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
+		if err == nil {
+			err = json.Unmarshal(body, &req)
+		}
+		var resp Resp
+		if err != nil {
+			err = &agentapi.Error{Message: fmt.Sprintf("tabbyd: a malformed %s request: %v", name, err)}
+		} else {
+			resp, err = f(r.Context(), req)
+		}
+		a.met.duration.WithLabelValues(name).Observe(time.Since(start).Seconds())
+		w.Header().Set("Content-Type", "application/json")
+		if err != nil {
+			e := ipamops.Classify(err)
+			a.met.requests.WithLabelValues(name, "error").Inc()
+			status := http.StatusInternalServerError
+			switch {
+			case e.Unreachable:
+				status = http.StatusServiceUnavailable
+			case e.Exhausted:
+				status = http.StatusConflict
+			}
+			a.log.Debug("request failed", "endpoint", name, "error", e.Message)
+			w.WriteHeader(status)
+			_ = json.NewEncoder(w).Encode(e)
+			return
+		}
+		a.met.requests.WithLabelValues(name, "ok").Inc()
+		_ = json.NewEncoder(w).Encode(resp)
+	})
+}
+
+// checkNode warns once per node about requests for another node: the agent
+// answers them correctly (every write is a compare-and-swap) but without its
+// caches' help, and it means a plugin's agentSocket names another node's
+// tabbyd.
+func (a *Agent) checkNode(node string) {
+	if node == a.cfg.NodeName {
+		return
+	}
+	a.met.otherNode.Inc()
+	if _, seen := a.otherNodes.LoadOrStore(node, true); !seen {
+		a.log.Warn("a CNI request for another node: its plugin's agentSocket names this tabbyd's socket", "node", node, "this", a.cfg.NodeName, "socket", a.cfg.Socket)
+	}
+}
+
+func (a *Agent) assign(ctx context.Context, r agentapi.AssignRequest) (agentapi.AssignResponse, error) {
+	a.checkNode(r.Node)
+	ops := a.ops
+	ops.Pods = a.caches.ForPod(r.PodUID)
+	// The annotations are read before the lock: only the assignment itself
+	// is serialised.
+	req, err := ops.Request(ctx, r)
+	if err != nil {
+		return agentapi.AssignResponse{}, err
+	}
+	a.awaitRecord(ctx, r.HandleID)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	as, record, err := a.ipam.AssignDeferred(ctx, req)
+	if err != nil {
+		// Assign undoes what it did, but a cancelled request may leave its
+		// last write unknown: release the handle to be sure.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), datastore.Timeout)
+		if rerr := a.ipam.ReleaseHandle(cctx, r.HandleID, r.Node); rerr != nil {
+			a.log.Warn("releasing the handle after a failed assignment", "handle", r.HandleID, "error", rerr)
+		}
+		cancel()
+		return agentapi.AssignResponse{}, err
+	}
+	if record != nil {
+		a.recordLater(r.HandleID, record)
+	}
+	return agentapi.AssignResponse{Addresses: ipamops.Addresses(as)}, nil
+}
+
+// recordLater writes a handle while the answer goes out. Called with mu
+// held, so that a release of the same handle waits for it.
+func (a *Agent) recordLater(handleID string, record func(context.Context) error) {
+	done := make(chan struct{})
+	a.pendingMu.Lock()
+	a.pending[handleID] = done
+	a.pendingMu.Unlock()
+	a.records.Add(1)
+	go func() {
+		defer a.records.Done()
+		defer func() {
+			a.pendingMu.Lock()
+			if a.pending[handleID] == done {
+				delete(a.pending, handleID)
+			}
+			a.pendingMu.Unlock()
+			close(done)
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
+		defer cancel()
+		if err := record(ctx); err != nil {
+			// The blocks still carry the handle: DEL and GC find the
+			// addresses without it.
+			a.met.records.WithLabelValues("error").Inc()
+			a.log.Warn("recording an IPAM handle (its addresses stay findable through the node's blocks)", "handle", handleID, "error", err)
+			return
+		}
+		a.met.records.WithLabelValues("ok").Inc()
+	}()
+}
+
+// awaitRecord waits until the handle's pending write (if any) is done.
+func (a *Agent) awaitRecord(ctx context.Context, handleID string) {
+	a.pendingMu.Lock()
+	done := a.pending[handleID]
+	a.pendingMu.Unlock()
+	if done == nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+func (a *Agent) release(ctx context.Context, r agentapi.HandleRequest) (agentapi.Empty, error) {
+	a.checkNode(r.Node)
+	a.awaitRecord(ctx, r.HandleID)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return agentapi.Empty{}, a.ops.ReleaseHandle(ctx, r.HandleID, r.Node)
+}
+
+func (a *Agent) handleIPs(ctx context.Context, r agentapi.HandleRequest) (agentapi.HandleIPsResponse, error) {
+	a.awaitRecord(ctx, r.HandleID)
+	ips, err := a.ops.HandleIPs(ctx, r.HandleID, r.Node)
+	return agentapi.HandleIPsResponse{IPs: ips}, err
+}
+
+func (a *Agent) nodeHandles(ctx context.Context, r agentapi.NodeRequest) (agentapi.NodeHandlesResponse, error) {
+	hs, err := a.ops.NodeHandles(ctx, r.Node)
+	return agentapi.NodeHandlesResponse{Handles: hs}, err
+}
+
+func (a *Agent) usablePools(ctx context.Context, r agentapi.NodeRequest) (agentapi.PoolsResponse, error) {
+	ps, err := a.ops.UsablePools(ctx, r.Node)
+	return agentapi.PoolsResponse{Pools: ps}, err
+}
+
+func (a *Agent) ping(ctx context.Context, _ agentapi.Empty) (agentapi.Empty, error) {
+	return agentapi.Empty{}, a.ops.Ping(ctx)
+}

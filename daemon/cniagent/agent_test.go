@@ -1,0 +1,325 @@
+package cniagent
+
+// These tests run the agent against a real kube-apiserver and etcd (one
+// control plane for the package, started by TestMain).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/test/cluster/clustertest"
+)
+
+func TestMain(m *testing.M) { clustertest.Main(m, nil) }
+
+var seq atomic.Int32
+
+// world is one test's node, its pool and its datastore client.
+type world struct {
+	ds   *datastore.Client
+	node string
+	pool *tabbyv1.IPPool
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	ds, err := datastore.New(clustertest.Cluster().RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := seq.Add(1)
+	w := &world{ds: ds, node: fmt.Sprintf("agent-node-%d", i)}
+	ctx := context.Background()
+	label := map[string]string{"agent-test": w.node}
+	if _, err := ds.Nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: w.node, Labels: label}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ds.Nodes.Delete(context.Background(), w.node, metav1.DeleteOptions{}) })
+	w.pool, err = ds.IPPools.Create(ctx, &tabbyv1.IPPool{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("agent-pool-%d", i)},
+		Spec: tabbyv1.IPPoolSpec{CIDR: fmt.Sprintf("10.80.%d.0/24", i), VXLANMode: tabbyv1.EncapAlways,
+			NodeSelector: &metav1.LabelSelector{MatchLabels: label}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ds.IPPools.Delete(context.Background(), w.pool.Name, metav1.DeleteOptions{}) })
+	return w
+}
+
+// pod creates a pod bound to node.
+func (w *world) pod(t *testing.T, name, node string, ann map[string]string) *corev1.Pod {
+	t.Helper()
+	p, err := w.ds.Pods("default").Create(context.Background(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Annotations: ann},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/pause"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		zero := int64(0)
+		_ = w.ds.Pods("default").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	})
+	return p
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls f until it holds or 10 s pass.
+func eventually(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !f(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCaches: the informer caches answer IPAM's reads (pools, this node's
+// Node, the IPAMConfiguration, the node's blocks), IPAM's own writes win
+// over an informer that has not seen them yet (and older copies do not),
+// and pods come from the cache unless it lacks them or holds an older pod
+// of the same name.
+func TestCaches(t *testing.T) {
+	w := newWorld(t)
+	ctx := testCtx(t)
+	c := NewCaches(w.ds, w.node)
+	var lookups []string
+	c.podLookup = func(s string) { lookups = append(lookups, s) }
+	if err := c.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pools, _ := c.Pools(ctx)
+	found := false
+	for _, p := range pools {
+		found = found || p.Name == w.pool.Name
+	}
+	if !found {
+		t.Errorf("pool %s not in the cache (%d pools)", w.pool.Name, len(pools))
+	}
+	if n, err := c.Node(ctx, w.node); err != nil || n == nil || n.Name != w.node {
+		t.Errorf("Node(%s) = %v, %v", w.node, n, err)
+	}
+	if n, err := c.Node(ctx, "no-such-node"); err != nil || n != nil {
+		t.Errorf("Node of a missing node = %v, %v; want nil, nil", n, err)
+	}
+	if cfg, err := c.IPAMConfig(ctx); err != nil || cfg != nil {
+		t.Errorf("IPAMConfig without one = %v, %v", cfg, err)
+	}
+
+	// IPAM over the caches claims a block; the caches know it at once.
+	m := ipam.New(w.ds, ipam.WithSource(c))
+	got, err := m.Assign(ctx, ipam.Request{HandleID: "t.one", Node: w.node, IPv4: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, err := c.NodeBlocks(ctx, w.node)
+	if err != nil || len(blocks) != 1 || blocks[0].Spec.CIDR != got[0].Block.String() {
+		t.Fatalf("NodeBlocks right after the claim: %v, %v", blocks, err)
+	}
+	// A newer copy (as IPAM's next write would give) wins; an older one
+	// does not.
+	newer := blocks[0].DeepCopy()
+	newer.ResourceVersion = fmt.Sprint(mustAtoi(t, newer.ResourceVersion) + 1000)
+	newer.Annotations = map[string]string{"test": "newer"}
+	c.ObserveBlock(newer)
+	older := blocks[0].DeepCopy()
+	older.ResourceVersion = "1"
+	c.ObserveBlock(older)
+	if blocks, _ := c.NodeBlocks(ctx, w.node); len(blocks) != 1 || blocks[0].Annotations["test"] != "newer" {
+		t.Errorf("the newer copy should win: %+v", blocks)
+	}
+
+	// Pods: from the cache once the informer has them.
+	p := w.pod(t, "cached-pod", w.node, nil)
+	eventually(t, "the pod in the cache", func() bool { _, ok, _ := c.pods.GetStore().GetByKey("default/cached-pod"); return ok })
+	lookups = nil
+	l := c.ForPod(string(p.UID))
+	if got, err := l.Pod(ctx, "default", "cached-pod"); err != nil || got.UID != p.UID {
+		t.Errorf("Pod: %v, %v", got, err)
+	}
+	if _, err := c.ForPod("some-older-uid").Pod(ctx, "default", "cached-pod"); err != nil {
+		t.Errorf("Pod with another UID: %v", err)
+	}
+	w.pod(t, "elsewhere", "another-node", nil)
+	if got, err := l.Pod(ctx, "default", "elsewhere"); err != nil || got.Spec.NodeName != "another-node" {
+		t.Errorf("a pod of another node: %v, %v", got, err)
+	}
+	if _, err := l.Pod(ctx, "default", "missing"); !apierrors.IsNotFound(err) {
+		t.Errorf("a missing pod: %v, want NotFound", err)
+	}
+	if strings.Join(lookups, ",") != "cache,api,api,api" {
+		t.Errorf("lookups %v, want cache,api,api,api", lookups)
+	}
+	if ns, err := l.Namespace(ctx, "default"); err != nil || ns.Name != "default" {
+		t.Errorf("Namespace: %v, %v", ns, err)
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	var n int
+	if _, err := fmt.Sscan(s, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// runAgent starts an agent for w's node on a new socket and waits for it.
+func runAgent(t *testing.T, w *world, reg prometheus.Registerer) (*Agent, *agentapi.Client) {
+	t.Helper()
+	a, err := New(Config{Socket: filepath.Join(t.TempDir(), "run", "cni.sock"), NodeName: w.node, DS: w.ds, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+		if _, err := os.Stat(a.cfg.Socket); !os.IsNotExist(err) {
+			t.Errorf("the socket outlived the agent: %v", err)
+		}
+	})
+	var cl *agentapi.Client
+	eventually(t, "the agent's socket", func() bool {
+		cl, err = agentapi.Dial(context.Background(), a.cfg.Socket)
+		return err == nil
+	})
+	return a, cl
+}
+
+// TestAgent: the agent serves the endpoints on a socket only its owner may
+// use; a release right after an assignment (its handle still being
+// written) frees everything; IPAM's errors come back as they are.
+func TestAgent(t *testing.T) {
+	w := newWorld(t)
+	ctx := testCtx(t)
+	reg := prometheus.NewRegistry()
+	a, cl := runAgent(t, w, reg)
+	fi, err := os.Stat(a.cfg.Socket)
+	if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("socket %s: %v %v, want a socket with mode 0600", a.cfg.Socket, fi.Mode(), err)
+	}
+
+	pools, err := cl.UsablePools(ctx, w.node)
+	if err != nil || len(pools) != 1 || pools[0].Name != w.pool.Name || pools[0].VXLANMode != "Always" {
+		t.Errorf("usable-pools: %+v, %v", pools, err)
+	}
+	if err := cl.Ping(ctx); err != nil {
+		t.Errorf("ping: %v", err)
+	}
+
+	p := w.pod(t, "agent-pod", w.node, nil)
+	addrs, err := cl.Assign(ctx, agentapi.AssignRequest{HandleID: "net.c1", Node: w.node, Namespace: "default", Pod: "agent-pod", PodUID: string(p.UID), IPv4: true})
+	if err != nil || len(addrs) != 1 || addrs[0].Pool != w.pool.Name {
+		t.Fatalf("assign: %+v, %v", addrs, err)
+	}
+	// Released at once: the release waits for the handle's write, and
+	// nothing is left.
+	if err := cl.ReleaseHandle(ctx, "net.c1", w.node); err != nil {
+		t.Fatal(err)
+	}
+	if ips, err := cl.HandleIPs(ctx, "net.c1", w.node); err != nil || len(ips) != 0 {
+		t.Errorf("handle-ips after release: %v, %v", ips, err)
+	}
+	if _, err := w.ds.IPAMHandles.Get(ctx, ipam.HandleObjectName("net.c1"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the handle object after release: %v, want NotFound", err)
+	}
+
+	addrs, err = cl.Assign(ctx, agentapi.AssignRequest{HandleID: "net.c2", Node: w.node, IPv4: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ips, err := cl.HandleIPs(ctx, "net.c2", w.node); err != nil || len(ips) != 1 || !ips[0].Equal(addrs[0].IP) {
+		t.Errorf("handle-ips: %v, %v", ips, err)
+	}
+	if hs, err := cl.NodeHandles(ctx, w.node); err != nil || strings.Join(hs, ",") != "net.c2" {
+		t.Errorf("node-handles: %v, %v", hs, err)
+	}
+
+	_, err = cl.Assign(ctx, agentapi.AssignRequest{HandleID: "net.c3", Node: w.node, IPv4: true, IPv4Pools: []string{"no-such-pool"}})
+	var ae *agentapi.Error
+	if !errors.As(err, &ae) || !strings.Contains(ae.Message, `requested pool "no-such-pool" does not exist`) || ae.Unreachable {
+		t.Errorf("a missing pool: %v", err)
+	}
+
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "tabby_cni_agent_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ep, res string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "endpoint":
+					ep = l.GetValue()
+				case "result":
+					res = l.GetValue()
+				}
+			}
+			counts[ep+"/"+res] = m.GetCounter().GetValue()
+		}
+	}
+	if counts["assign/ok"] != 2 || counts["assign/error"] != 1 || counts["release-handle/ok"] != 1 {
+		t.Errorf("request counts %v", counts)
+	}
+}
+
+// TestSocket: a stale socket (its tabbyd died) is replaced; one another
+// process serves is refused; the folder is created.
+func TestSocket(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	path := filepath.Join(dir, "cni.sock")
+	if err := prepareSocket(path); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareSocket(path); err == nil || !strings.Contains(err.Error(), "another process") {
+		t.Errorf("a live socket: %v", err)
+	}
+	// A listener that dies without removing its socket.
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = ln.Close()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatal(err)
+	}
+	ln, err = listen(path)
+	if err != nil {
+		t.Fatalf("replacing a stale socket: %v", err)
+	}
+	_ = ln.Close()
+}

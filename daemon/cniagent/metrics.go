@@ -1,0 +1,45 @@
+package cniagent
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	requests   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	podLookups *prometheus.CounterVec
+	records    *prometheus.CounterVec
+	otherNode  prometheus.Counter
+}
+
+func newMetrics() metrics {
+	return metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_cni_agent_requests_total",
+			Help: "CNI plugin requests served by tabbyd's CNI agent, by endpoint and result (ok, error).",
+		}, []string{"endpoint", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tabby_cni_agent_request_duration_seconds",
+			Help:    "Time tabbyd's CNI agent took to answer a request, by endpoint.",
+			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .02, .05, .1, .25, 1, 5},
+		}, []string{"endpoint"}),
+		podLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_cni_agent_pod_lookups_total",
+			Help: "Pods read for their IPAM annotations, by source: cache (the informer) or api (not in the cache yet).",
+		}, []string{"source"}),
+		records: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_cni_agent_handle_records_total",
+			Help: "IPAM handles written after answering an assignment, by result (ok, error).",
+		}, []string{"result"}),
+		otherNode: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tabby_cni_agent_other_node_requests_total",
+			Help: "Requests naming another node than this tabbyd's (a CNI config whose agentSocket is another node's).",
+		}),
+	}
+}
+
+func (m metrics) register(r prometheus.Registerer) error {
+	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode))
+}
