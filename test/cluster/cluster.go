@@ -4,16 +4,19 @@
 //
 // A Cluster is started with Start and stopped with Stop. Everything it
 // starts runs in its own process group and is killed by the kernel if the
-// starting program dies; files live in Cluster.Dir.
+// starting program dies (unless Options.Detach); files live in Cluster.Dir.
+// With Options.NetNS everything runs inside that network namespace (the lab
+// runs its control plane so, on an address of its underlay).
 //
 // The API server's serving certificate is the self-signed one kube-apiserver
 // writes into its --cert-dir: apiserver.crt holds the serving certificate
 // followed by the CA that signed it. The serving certificate names the IP
-// addresses 127.0.0.1 (advertise and bind address) and 10.96.0.1 (the
-// kubernetes Service) and the DNS names kubernetes, kubernetes.default and
-// kubernetes.default.svc. Clients trust apiserver.crt as their CA; a client
-// that reaches the server under another address (through a forwarder) sets
-// the TLS server name to "kubernetes" (WriteKubeconfig does this).
+// addresses Options.Address (advertise and bind address, 127.0.0.1 by
+// default) and 10.96.0.1 (the kubernetes Service) and the DNS names
+// kubernetes, kubernetes.default and kubernetes.default.svc. Clients trust
+// apiserver.crt as their CA; a client that reaches the server under another
+// address (through a forwarder) sets the TLS server name to "kubernetes"
+// (WriteKubeconfig does this).
 package cluster
 
 import (
@@ -85,6 +88,23 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
 	ExtraAPIServerArgs []string
+
+	// NetNS is the path of a network namespace (such as /run/netns/NAME)
+	// that every process of the cluster runs in, started through nsenter
+	// --net; the cluster's own clients (readiness checks, RESTConfig) dial
+	// from inside it. Empty: this program's namespace.
+	NetNS string
+	// Address is the API server's bind and advertise address (default
+	// 127.0.0.1); kube-scheduler and kube-controller-manager serve on it
+	// too. etcd always listens on 127.0.0.1 (of NetNS).
+	Address string
+	// APIServerPort is the API server's port (0: a free one).
+	APIServerPort int
+	// Detach lets the processes outlive the program that started them (no
+	// death signal; each leads a session of its own). Stop still stops them
+	// while this program runs; afterwards they are the caller's to stop, by
+	// the pids Processes reports.
+	Detach bool
 }
 
 // Cluster is a running control plane.
@@ -133,6 +153,12 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	c := &Cluster{opts: opts, RepoRoot: opts.RepoRoot, readyLimit: opts.ReadyTimeout}
 	if c.readyLimit == 0 {
 		c.readyLimit = 60 * time.Second
+	}
+	if c.opts.Address == "" {
+		c.opts.Address = "127.0.0.1"
+	}
+	if ip := net.ParseIP(c.opts.Address); ip == nil {
+		return nil, fmt.Errorf("the API server address %q is not an IP address", c.opts.Address)
 	}
 	if err := c.findBinaries(ctx); err != nil {
 		return nil, err
@@ -313,7 +339,11 @@ func (c *Cluster) writeCredentials() error {
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	return freePortOn("127.0.0.1")
+}
+
+func freePortOn(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, err
 	}
@@ -321,18 +351,53 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// freePort returns a TCP port on host that was free a moment ago in the
+// cluster's network namespace.
+func (c *Cluster) freePort(host string) (port int, err error) {
+	if c.opts.NetNS == "" {
+		return freePortOn(host)
+	}
+	err = InNetNS(c.opts.NetNS, func() error {
+		port, err = freePortOn(host)
+		return err
+	})
+	return port, err
+}
+
+// dialContext dials from the cluster's network namespace.
+func (c *Cluster) dialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	if c.opts.NetNS == "" {
+		var d net.Dialer
+		return d.DialContext(ctx, network, address)
+	}
+	return DialInNetNS(ctx, c.opts.NetNS, network, address)
+}
+
+// httpClient is an HTTP client dialling from the cluster's network namespace.
+func (c *Cluster) httpClient(tlsConfig *tls.Config) *http.Client {
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext:     c.dialContext,
+		TLSClientConfig: tlsConfig,
+	}}
+}
+
+// spawn starts a process of the cluster as Options say (namespace, detach).
+func (c *Cluster) spawn(name, path string, args ...string) (*Process, error) {
+	return Spawn(name, path, filepath.Join(c.Dir, name+".log"), SpawnOptions{NetNS: c.opts.NetNS, Detach: c.opts.Detach}, args...)
+}
+
 func (c *Cluster) startEtcd(ctx context.Context) error {
-	cport, err := FreePort()
+	cport, err := c.freePort("127.0.0.1")
 	if err != nil {
 		return err
 	}
-	pport, err := FreePort()
+	pport, err := c.freePort("127.0.0.1")
 	if err != nil {
 		return err
 	}
 	c.EtcdURL = "http://127.0.0.1:" + strconv.Itoa(cport)
 	peer := "http://127.0.0.1:" + strconv.Itoa(pport)
-	p, err := startProcess("etcd", filepath.Join(c.BinDir, "etcd"), filepath.Join(c.Dir, "etcd.log"),
+	p, err := c.spawn("etcd", filepath.Join(c.BinDir, "etcd"),
 		"--name", "default",
 		"--data-dir", filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls", c.EtcdURL,
@@ -350,7 +415,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	c.mu.Lock()
 	c.etcd = p
 	c.mu.Unlock()
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := c.httpClient(nil)
 	return c.waitFor(ctx, p, "etcd", func() error {
 		resp, err := hc.Get(c.EtcdURL + "/health")
 		if err != nil {
@@ -386,16 +451,19 @@ func (c *Cluster) waitFor(ctx context.Context, p *Process, what string, check fu
 }
 
 func (c *Cluster) firstAPIServerStart(ctx context.Context) error {
-	port, err := FreePort()
-	if err != nil {
-		return err
+	port := c.opts.APIServerPort
+	if port == 0 {
+		var err error
+		if port, err = c.freePort(c.opts.Address); err != nil {
+			return err
+		}
 	}
 	c.apiPort = port
-	c.Server = "https://127.0.0.1:" + strconv.Itoa(port)
+	c.Server = "https://" + net.JoinHostPort(c.opts.Address, strconv.Itoa(port))
 	c.apiArgs = append([]string{
 		"--etcd-servers", c.EtcdURL,
-		"--bind-address", "127.0.0.1",
-		"--advertise-address", "127.0.0.1",
+		"--bind-address", c.opts.Address,
+		"--advertise-address", c.opts.Address,
 		"--secure-port", strconv.Itoa(port),
 		"--cert-dir", filepath.Join(c.Dir, "pki"),
 		"--token-auth-file", filepath.Join(c.Dir, "tokens.csv"),
@@ -426,7 +494,7 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 			return nil
 		}
 	}
-	p, err := startProcess("kube-apiserver", filepath.Join(c.BinDir, "kube-apiserver"), filepath.Join(c.Dir, "kube-apiserver.log"), c.apiArgs...)
+	p, err := c.spawn("kube-apiserver", filepath.Join(c.BinDir, "kube-apiserver"), c.apiArgs...)
 	if err != nil {
 		c.mu.Unlock()
 		return err
@@ -450,23 +518,27 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 			c.mu.Lock()
 			c.caData = pemData
 			c.mu.Unlock()
-			hc = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-				TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
-			}}
+			hc = c.httpClient(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.Server+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+c.Token)
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %s: %s", resp.Status, lastLines(string(body), 3))
-		}
-		return nil
+		return checkOK(hc, req)
 	})
+}
+
+// checkOK sends req and returns nil when the answer is 200 OK, else the
+// status and the end of the body.
+func checkOK(hc *http.Client, req *http.Request) error {
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", req.URL.Path, resp.Status, lastLines(string(body), 3))
+	}
+	return nil
 }
 
 func lastLines(s string, n int) string {
@@ -531,9 +603,10 @@ func (c *Cluster) CAData() []byte {
 }
 
 // RESTConfig is an admin client configuration (bearer token, verifying the
-// serving certificate against apiserver.crt).
+// serving certificate against apiserver.crt). With Options.NetNS it dials
+// from inside that namespace.
 func (c *Cluster) RESTConfig() *rest.Config {
-	return &rest.Config{
+	cfg := &rest.Config{
 		Host:        c.Server,
 		BearerToken: c.Token,
 		TLSClientConfig: rest.TLSClientConfig{
@@ -542,6 +615,10 @@ func (c *Cluster) RESTConfig() *rest.Config {
 		QPS:   100,
 		Burst: 200,
 	}
+	if c.opts.NetNS != "" {
+		cfg.Dial = c.dialContext
+	}
+	return cfg
 }
 
 // WriteKubeconfig writes an admin kubeconfig to path. server is the URL
@@ -598,7 +675,8 @@ func tlsServerName(caPEM []byte, host string) (string, error) {
 // StartProcess starts another program next to the control plane (for
 // example kube-scheduler or kube-controller-manager; a bare name is looked up
 // in BinDir) with the same care: its own process group, killed if this
-// program dies, output appended to Dir/<name>.log, stopped by Stop.
+// program dies (unless Options.Detach), in Options.NetNS, output appended
+// to Dir/<name>.log, stopped by Stop.
 func (c *Cluster) StartProcess(name string, args ...string) (*Process, error) {
 	path := name
 	if !strings.Contains(name, "/") {
@@ -609,13 +687,33 @@ func (c *Cluster) StartProcess(name string, args ...string) (*Process, error) {
 	if c.stopped {
 		return nil, errors.New("the cluster was stopped")
 	}
-	p, err := startProcess(filepath.Base(name), path, filepath.Join(c.Dir, filepath.Base(name)+".log"), args...)
+	p, err := c.spawn(filepath.Base(name), path, args...)
 	if err != nil {
 		return nil, err
 	}
 	c.extra = append(c.extra, p)
 	return p, nil
 }
+
+// Processes are the running processes of the cluster: etcd, kube-apiserver
+// and those StartProcess started, in that order.
+func (c *Cluster) Processes() []*Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ps []*Process
+	for _, p := range append([]*Process{c.etcd, c.apiserver}, c.extra...) {
+		if p == nil {
+			continue
+		}
+		if done, _ := p.Exited(); !done {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// Address is the API server's bind and advertise address.
+func (c *Cluster) Address() string { return c.opts.Address }
 
 func (c *Cluster) stopProcesses() {
 	c.mu.Lock()

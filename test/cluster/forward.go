@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -22,13 +23,8 @@ import (
 // listenAddr is "127.0.0.1:PORT" as seen inside the namespace. stop closes
 // the listener and every relayed connection, and waits for the relays to end.
 func ForwardIntoNetNS(nsPath, target string) (listenAddr string, stop func(), err error) {
-	netns, err := ns.GetNS(nsPath)
-	if err != nil {
-		return "", nil, fmt.Errorf("opening network namespace %s: %w", nsPath, err)
-	}
-	defer netns.Close()
 	var ln net.Listener
-	err = netns.Do(func(ns.NetNS) error {
+	err = InNetNS(nsPath, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return fmt.Errorf("finding lo: %w", err)
@@ -44,15 +40,53 @@ func ForwardIntoNetNS(nsPath, target string) (listenAddr string, stop func(), er
 	if err != nil {
 		return "", nil, fmt.Errorf("listening in network namespace %s: %w", nsPath, err)
 	}
-	f := &forwarder{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	dial := func(ctx context.Context) (net.Conn, error) {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		return d.DialContext(ctx, "tcp", target)
+	}
+	return ln.Addr().String(), Forward(ln, dial), nil
+}
+
+// InNetNS runs f on a thread inside the network namespace at nsPath;
+// sockets f creates belong to that namespace for their whole life, whatever
+// thread uses them later.
+func InNetNS(nsPath string, f func() error) error {
+	netns, err := ns.GetNS(nsPath)
+	if err != nil {
+		return fmt.Errorf("opening network namespace %s: %w", nsPath, err)
+	}
+	defer netns.Close()
+	return netns.Do(func(ns.NetNS) error { return f() })
+}
+
+// DialInNetNS dials address with a socket created inside the network
+// namespace at nsPath (for example an API server listening on an address
+// only that namespace reaches).
+func DialInNetNS(ctx context.Context, nsPath, network, address string) (conn net.Conn, err error) {
+	err = InNetNS(nsPath, func() error {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, network, address)
+		return err
+	})
+	return conn, err
+}
+
+// Forward relays every connection accepted on ln to a connection dial
+// makes (ForwardIntoNetNS listens inside a namespace and dials out; the lab
+// listens on the host's loopback and dials into a namespace with
+// DialInNetNS). A connection dial fails for is closed, as a refused one
+// would be. stop closes ln and every relayed connection, and waits for the
+// relays to end; it may be called more than once.
+func Forward(ln net.Listener, dial func(ctx context.Context) (net.Conn, error)) (stop func()) {
+	f := &forwarder{ln: ln, dial: dial, conns: map[net.Conn]struct{}{}}
 	f.wg.Add(1)
 	go f.serve()
-	return ln.Addr().String(), f.stop, nil
+	return f.stop
 }
 
 type forwarder struct {
 	ln     net.Listener
-	target string
+	dial   func(ctx context.Context) (net.Conn, error)
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -100,7 +134,9 @@ func (f *forwarder) untrack(c net.Conn) {
 func (f *forwarder) relay(in net.Conn) {
 	defer f.wg.Done()
 	defer f.untrack(in)
-	out, err := net.DialTimeout("tcp", f.target, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	out, err := f.dial(ctx)
+	cancel()
 	if err != nil {
 		return // the client sees the connection closed, as with a refused one
 	}

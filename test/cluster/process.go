@@ -14,14 +14,16 @@ import (
 )
 
 // Process is one program the cluster started: its own process group, killed
-// by the kernel (SIGKILL) when the process that started it dies, output
-// appended to a log file.
+// by the kernel (SIGKILL) when the process that started it dies (unless
+// Options.Detach), output appended to a log file.
 type Process struct {
 	// Name is what the process is called in errors and its log file name.
 	Name string
 	// Path and Args are the program and its arguments (without argv[0]).
 	Path string
 	Args []string
+	// NetNS is the network namespace it runs in ("" for this program's).
+	NetNS string
 	// LogPath is where stdout and stderr go (appended).
 	LogPath string
 
@@ -58,6 +60,32 @@ func onSpawnerThread(f func()) {
 
 // startProcess starts path with args, output appended to logPath.
 func startProcess(name, path, logPath string, args ...string) (*Process, error) {
+	return Spawn(name, path, logPath, SpawnOptions{}, args...)
+}
+
+// SpawnOptions say where and how Spawn runs a process.
+type SpawnOptions struct {
+	// NetNS, when set, is the path of the network namespace the process
+	// runs in: it is started through nsenter --net=PATH, which enters the
+	// namespace and execs the program (same pid, the host's mount
+	// namespace and /sys, unlike ip netns exec).
+	NetNS string
+	// Detach lets the process outlive the program that started it: it
+	// leads a session of its own and gets no death signal.
+	Detach bool
+	// Env is the environment (nil: this program's); Dir the working
+	// folder ("": this program's).
+	Env []string
+	Dir string
+	// ExtraFiles become the process's fds 3, 4, ...
+	ExtraFiles []*os.File
+}
+
+// Spawn starts path with args as SpawnOptions say, stdout and stderr
+// appended to logPath. Without Detach the process leads its own process
+// group and is killed when this program dies; either way this program
+// reaps it if it ends first (Process.Done).
+func Spawn(name, path, logPath string, so SpawnOptions, args ...string) (*Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("opening the log of %s: %w", name, err)
@@ -65,10 +93,25 @@ func startProcess(name, path, logPath string, args ...string) (*Process, error) 
 	defer logf.Close()
 	fmt.Fprintf(logf, "=== %s: starting %s %q\n", time.Now().Format(time.RFC3339Nano), path, args)
 	cmd := exec.Command(path, args...)
+	if so.NetNS != "" {
+		nsenter, err := exec.LookPath("nsenter")
+		if err != nil {
+			return nil, fmt.Errorf("starting %s in network namespace %s: %w (install util-linux)", name, so.NetNS, err)
+		}
+		cmd = exec.Command(nsenter, append([]string{"--net=" + so.NetNS, "--", path}, args...)...)
+	}
+	cmd.Env = so.Env
+	cmd.Dir = so.Dir
+	cmd.ExtraFiles = so.ExtraFiles
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &Process{Name: name, Path: path, Args: args, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	if so.Detach {
+		// A session leader also leads its process group, so Stop still
+		// signals exactly this process and what it forks.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
+	p := &Process{Name: name, Path: path, Args: args, NetNS: so.NetNS, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
 	onSpawnerThread(func() { err = cmd.Start() })
 	if err != nil {
 		return nil, fmt.Errorf("starting %s (%s): %w", name, path, err)
@@ -134,6 +177,10 @@ func (p *Process) where(keptLog bool) string {
 	}
 	return ""
 }
+
+// TailFile returns the last n lines of a file (at most 8 KiB), indented by
+// four spaces, for error messages that show the end of a log.
+func TailFile(path string, n int) string { return tailFile(path, n) }
 
 // tailFile returns the last n lines of a file (at most 8 KiB).
 func tailFile(path string, n int) string {

@@ -1,0 +1,68 @@
+package lab
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestProcIdentity(t *testing.T) {
+	self, err := procOf("self", os.Getpid())
+	if err != nil || !self.Alive() {
+		t.Fatalf("this process: %+v %v", self, err)
+	}
+	// Another start time is another process, whatever its pid.
+	if (Proc{Pid: self.Pid, Start: self.Start + 1}).Alive() {
+		t.Error("a recycled pid counts as alive")
+	}
+	if (Proc{}).Alive() {
+		t.Error("pid 0 counts as alive")
+	}
+}
+
+func TestStartDetachedAndStop(t *testing.T) {
+	dir := t.TempDir()
+	log := filepath.Join(dir, "sub", "sleep.log")
+	p, done, err := startDetached(procSpec{name: "sleep", path: "/bin/sleep", args: []string{"600"}, log: log, env: []string{"X=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Alive() || p.Log != log {
+		t.Fatalf("%+v", p)
+	}
+	// It leads a session of its own.
+	if sid, err := unix.Getsid(p.Pid); err != nil || sid != p.Pid {
+		t.Errorf("session %d (%v), want %d", sid, err, p.Pid)
+	}
+	if left := stopProcs([]Proc{p}, 5*time.Second, false); len(left) > 0 {
+		t.Fatalf("sleep did not stop")
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Error("done was not closed")
+	}
+	if p.Alive() {
+		t.Error("a stopped process is alive")
+	}
+	if data, _ := os.ReadFile(log); len(data) == 0 {
+		t.Error("nothing in the log")
+	}
+
+}
+
+func TestProcsByArgs(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", "sleep 600", "tabby-lab-test-marker")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	found := procsByArgs(func(args []string) bool { return len(args) == 3 && args[2] == "tabby-lab-test-marker" })
+	if len(found) != 1 || found[0].Pid != cmd.Process.Pid {
+		t.Errorf("found %+v, want pid %d", found, cmd.Process.Pid)
+	}
+}

@@ -1,0 +1,207 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Report is what `lab status` shows.
+type Report struct {
+	Name    string    `json:"name"`
+	Dir     string    `json:"dir"`
+	Created time.Time `json:"created"`
+	// Ready says lab up finished.
+	Ready        bool         `json:"ready"`
+	Server       string       `json:"server"`
+	Kubeconfig   string       `json:"kubeconfig"`
+	Forward      ProcReport   `json:"forward"`
+	ControlPlane []ProcReport `json:"controlPlane"`
+	Nodes        []NodeReport `json:"nodes"`
+	Pods         []PodReport  `json:"pods"`
+	// APIError says why the API server could not be asked ("" when it
+	// answered).
+	APIError string `json:"apiError,omitempty"`
+}
+
+// ProcReport is one process of the lab.
+type ProcReport struct {
+	Name    string `json:"name"`
+	Pid     int    `json:"pid"`
+	Running bool   `json:"running"`
+}
+
+// NodeReport is one node of the lab.
+type NodeReport struct {
+	Name    string     `json:"name"`
+	NetNS   string     `json:"netns"`
+	Address string     `json:"address"`
+	Subnet  int        `json:"subnet"`
+	Tabbyd  ProcReport `json:"tabbyd"`
+	Kubelet ProcReport `json:"kubelet"`
+	// Ready is the Node's Ready condition ("" when unknown).
+	Ready string `json:"ready"`
+	// Readyz is "ok" or why tabbyd's /readyz failed, asked from inside
+	// the node.
+	Readyz string `json:"readyz"`
+	Pods   int    `json:"pods"`
+}
+
+// PodReport is one pod of the lab.
+type PodReport struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Node      string `json:"node"`
+	Phase     string `json:"phase"`
+	Ready     bool   `json:"ready"`
+	IP        string `json:"ip"`
+	NetNS     string `json:"netns"`
+}
+
+func procReport(p Proc) ProcReport { return ProcReport{Name: p.Name, Pid: p.Pid, Running: p.Alive()} }
+
+// Inspect gathers the lab's status: its processes, each node's Node
+// readiness and tabbyd's /readyz (asked from inside the node), and the
+// pods with their nodes and addresses.
+func Inspect(ctx context.Context, s *State) *Report {
+	r := &Report{Name: s.Name, Dir: s.Dir, Created: s.Created, Ready: s.Ready, Server: s.ControlPlane.Server,
+		Kubeconfig: s.Kubeconfig, Forward: procReport(s.Forward.Proc)}
+	for _, p := range s.ControlPlane.Procs {
+		r.ControlPlane = append(r.ControlPlane, procReport(p))
+	}
+	r.Nodes = make([]NodeReport, len(s.Nodes))
+	var wg sync.WaitGroup
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		r.Nodes[i] = NodeReport{Name: n.Name, NetNS: n.NetNS, Address: n.Address, Subnet: n.Subnet,
+			Tabbyd: procReport(n.Tabbyd), Kubelet: procReport(n.Kubelet)}
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if err := tabbydReadyz(rctx, n); err != nil {
+				r.Nodes[i].Readyz = err.Error()
+			} else {
+				r.Nodes[i].Readyz = "ok"
+			}
+		})
+	}
+	wg.Wait()
+	if err := inspectAPI(ctx, s, r); err != nil {
+		r.APIError = err.Error()
+	}
+	return r
+}
+
+func inspectAPI(ctx context.Context, s *State, r *Report) error {
+	cfg, err := s.RESTConfig()
+	if err != nil {
+		return err
+	}
+	cfg.Timeout = 5 * time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, node := range nodes.Items {
+		for i := range r.Nodes {
+			if r.Nodes[i].Name != node.Name {
+				continue
+			}
+			r.Nodes[i].Ready = "True"
+			if err := nodeReady(&node); err != nil {
+				r.Nodes[i].Ready = err.Error()
+			}
+		}
+	}
+	pods, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, p := range pods.Items {
+		pr := PodReport{Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase),
+			IP: p.Status.PodIP, NetNS: p.Annotations[AnnotationNetNS]}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				pr.Ready = c.Status == corev1.ConditionTrue
+			}
+		}
+		r.Pods = append(r.Pods, pr)
+		for i := range r.Nodes {
+			if r.Nodes[i].Name == p.Spec.NodeName {
+				r.Nodes[i].Pods++
+			}
+		}
+	}
+	sort.Slice(r.Pods, func(i, j int) bool {
+		a, b := r.Pods[i], r.Pods[j]
+		return a.Node+"/"+a.Namespace+"/"+a.Name < b.Node+"/"+b.Namespace+"/"+b.Name
+	})
+	return nil
+}
+
+func running(p ProcReport) string {
+	switch {
+	case p.Pid == 0:
+		return "-"
+	case p.Running:
+		return fmt.Sprintf("running (%d)", p.Pid)
+	}
+	return fmt.Sprintf("DEAD (%d)", p.Pid)
+}
+
+// Print writes the report for people.
+func (r *Report) Print(w io.Writer) {
+	state := "up"
+	if !r.Ready {
+		state = "NOT READY (lab up did not finish)"
+	}
+	fmt.Fprintf(w, "lab %s: %s since %s, folder %s\n", r.Name, state, r.Created.Local().Format(time.DateTime), r.Dir)
+	fmt.Fprintf(w, "API server %s; from the host: %s (forward %s)\n", r.Server, r.Kubeconfig, running(r.Forward))
+	var cp []string
+	for _, p := range r.ControlPlane {
+		cp = append(cp, p.Name+" "+running(p))
+	}
+	fmt.Fprintf(w, "control plane: %s\n", strings.Join(cp, ", "))
+	if r.APIError != "" {
+		fmt.Fprintf(w, "API server does not answer: %s\n", r.APIError)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tNAMESPACE\tADDRESS\tTABBYD\tKUBELET\tNODE READY\tTABBYD /READYZ\tPODS")
+	for _, n := range r.Nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", n.Name, n.NetNS, n.Address, running(n.Tabbyd), running(n.Kubelet),
+			orDefault(n.Ready, "?"), oneLine(n.Readyz), n.Pods)
+	}
+	_ = tw.Flush()
+	if len(r.Pods) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tNODE\tPHASE\tREADY\tIP\tNETNS")
+	for _, p := range r.Pods {
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%v\t%s\t%s\n", p.Namespace, p.Name, orDefault(p.Node, "-"), p.Phase, p.Ready, orDefault(p.IP, "-"), orDefault(p.NetNS, "-"))
+	}
+	_ = tw.Flush()
+}
+
+func oneLine(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 60 {
+		s = s[:57] + "..."
+	}
+	return s
+}

@@ -1,0 +1,415 @@
+package labtest
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/lab"
+)
+
+func TestMain(m *testing.M) { os.Exit(Setup(m)) }
+
+// hostLinks lists the links of the host's namespace.
+func hostLinks(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "-o", "link", "show").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) > 1 {
+			names = append(names, strings.TrimSuffix(strings.SplitN(f[1], "@", 2)[0], ":"))
+		}
+	}
+	return names
+}
+
+// nsPids lists the processes inside a named namespace.
+func nsPids(t *testing.T, name string) []string {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "pids", name).Output()
+	if err != nil {
+		t.Fatalf("ip netns pids %s: %v", name, err)
+	}
+	pids := strings.Fields(string(out))
+	sort.Strings(pids)
+	return pids
+}
+
+// netnsName is a pod's namespace name from its annotation.
+func netnsName(p *corev1.Pod) string { return filepath.Base(p.Annotations[lab.AnnotationNetNS]) }
+
+// checkNothingLeft fails unless the lab left nothing: no namespace with
+// its prefix, no process mentioning its folder or in its namespaces, no
+// folder, no new host link.
+func checkNothingLeft(t *testing.T, l *Lab, linksBefore []string) {
+	t.Helper()
+	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), lab.Prefix(l.Name)) {
+		t.Errorf("namespaces left:\n%s", out)
+	}
+	if _, err := os.Stat(l.Dir); err == nil {
+		t.Errorf("the lab's folder %s is still there", l.Dir)
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if strings.Contains(string(cmdline), l.Dir) || strings.Contains(string(cmdline), lab.Prefix(l.Name)) {
+			t.Errorf("process %s is left: %q", e.Name(), strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	for _, n := range hostLinks(t) {
+		if !slices.Contains(linksBefore, n) {
+			t.Errorf("link %s appeared in the host's namespace", n)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), lab.Prefix(l.Name)) {
+		t.Errorf("mounts of the lab's namespaces are left")
+	}
+}
+
+// TestLab brings up 3 nodes and runs pods on them as a user would: the
+// real kube-scheduler places them, the lab kubelets wire them with the
+// tabby plugin, lab exec reaches into them, a kubelet restart adopts them,
+// deletion unwires them, and lab down leaves the host as it was.
+func TestLab(t *testing.T) {
+	t.Parallel()
+	linksBefore := hostLinks(t)
+	l := Up(t, "--nodes", "3")
+	if l.UpTime > time.Minute {
+		t.Errorf("lab up took %v, want well under a minute", l.UpTime)
+	}
+	st := l.State
+	if len(st.Nodes) != 3 || !st.Ready {
+		t.Fatalf("state: %+v", st)
+	}
+	ctx := context.Background()
+
+	// The kubectl built for the control plane works from the host.
+	out, err := exec.Command(filepath.Join(Binaries.ControlPlane, "kubectl"), "--kubeconfig", l.Kubeconfig, "get", "nodes", "--no-headers").CombinedOutput()
+	if err != nil || strings.Count(string(out), " Ready ") != 3 {
+		t.Errorf("kubectl get nodes: %v\n%s", err, out)
+	}
+	nodeIP := map[string]string{}
+	for _, n := range st.Nodes {
+		nodeIP[n.Name] = n.IP()
+		node, err := l.CS.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(node.Spec.Taints) > 0 || node.Status.Addresses[0].Address != n.IP() || node.Status.Allocatable.Pods().Value() != 110 {
+			t.Errorf("node %s: taints %v, addresses %v, allocatable %v", n.Name, node.Spec.Taints, node.Status.Addresses, node.Status.Allocatable)
+		}
+	}
+
+	pool := netip.MustParsePrefix(lab.DefaultPodCIDR)
+	env := Pod("env", "", "sh", "-c", `test "$GREETING" = hello && test "$HOSTNAME" = env`)
+	env.Spec.RestartPolicy = corev1.RestartPolicyNever
+	env.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "GREETING", Value: "hello"}}
+	fail := Pod("fail", "", "sh", "-c", "exit 3")
+	fail.Spec.RestartPolicy = corev1.RestartPolicyNever
+	crash := Pod("crash", "", "sh", "-c", "exit 1")
+	unready := Sleeper("unready", "")
+	unready.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1,
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"false"}}}}
+	hostnet := Sleeper("hostnet", "node2")
+	hostnet.Spec.HostNetwork = true
+	pods := []*corev1.Pod{Netexec("srv1", "node1", 8080), Sleeper("cli1", "node1"), env, fail, crash, unready, hostnet}
+	for i := range 4 {
+		pods = append(pods, Sleeper(fmt.Sprintf("spread-%d", i), ""))
+	}
+	start := time.Now()
+	l.Create(t, pods...)
+
+	srv := l.WaitPod(t, "srv1", 30*time.Second, Running(true))
+	cli := l.WaitPod(t, "cli1", 30*time.Second, Running(false))
+	t.Logf("pods Running in %v", time.Since(start).Round(time.Millisecond))
+	nodesUsed := map[string]bool{}
+	for _, p := range pods {
+		if p.Name == "env" || p.Name == "fail" || p.Name == "crash" {
+			continue
+		}
+		got := l.WaitPod(t, p.Name, 30*time.Second, Running(p.Name != "unready"))
+		ip := netip.MustParseAddr(got.Status.PodIP)
+		if p.Spec.HostNetwork {
+			if got.Status.PodIP != nodeIP["node2"] {
+				t.Errorf("hostNetwork pod %s has IP %s, want node2's %s", p.Name, ip, nodeIP["node2"])
+			}
+		} else if !pool.Contains(ip) || len(got.Status.PodIPs) != 1 {
+			t.Errorf("pod %s has IPs %v, want one from %s", p.Name, got.Status.PodIPs, pool)
+		}
+		if got.Status.HostIP != nodeIP[got.Spec.NodeName] {
+			t.Errorf("pod %s: hostIP %s on %s (%s)", p.Name, got.Status.HostIP, got.Spec.NodeName, nodeIP[got.Spec.NodeName])
+		}
+		if strings.HasPrefix(p.Name, "spread-") {
+			nodesUsed[got.Spec.NodeName] = true
+		}
+	}
+	if len(nodesUsed) < 2 {
+		t.Errorf("the scheduler put 4 unconstrained pods on %v only", nodesUsed)
+	}
+	if IsReady(l.WaitPod(t, "unready", 5*time.Second, Running(false))) {
+		t.Errorf("a pod whose readiness probe fails is Ready")
+	}
+	l.WaitPod(t, "env", 30*time.Second, func(p *corev1.Pod) error {
+		if p.Status.Phase != corev1.PodSucceeded {
+			return fmt.Errorf("phase %s (the container saw the wrong environment?) %+v", p.Status.Phase, p.Status.ContainerStatuses)
+		}
+		return nil
+	})
+	l.WaitPod(t, "fail", 30*time.Second, func(p *corev1.Pod) error {
+		if p.Status.Phase != corev1.PodFailed || p.Status.ContainerStatuses[0].State.Terminated == nil || p.Status.ContainerStatuses[0].State.Terminated.ExitCode != 3 {
+			return fmt.Errorf("phase %s %+v", p.Status.Phase, p.Status.ContainerStatuses)
+		}
+		return nil
+	})
+	l.WaitPod(t, "crash", 30*time.Second, func(p *corev1.Pod) error {
+		if p.Status.ContainerStatuses == nil || p.Status.ContainerStatuses[0].RestartCount < 2 {
+			return fmt.Errorf("restarts %+v", p.Status.ContainerStatuses)
+		}
+		return nil
+	})
+
+	t.Run("exec", func(t *testing.T) {
+		if out, code := l.Exec("default/cli1", "sh", "-c", "echo out; echo err >&2; exit 7"); code != 7 || !strings.Contains(out, "out") || !strings.Contains(out, "err") {
+			t.Errorf("exit status %d, output %q", code, out)
+		}
+		if out, code := l.ExecIn([]byte("from stdin\n"), "cli1", "cat"); code != 0 || out != "from stdin\n" {
+			t.Errorf("stdin: %d %q", code, out)
+		}
+		if out, code := l.Exec("cli1", "ip", "-o", "-4", "addr", "show", "eth0"); code != 0 || !strings.Contains(out, cli.Status.PodIP+"/32") {
+			t.Errorf("the pod's eth0: %d %q", code, out)
+		}
+		if out, code := l.Exec("hostnet", "ip", "-o", "-4", "addr", "show", "eth0"); code != 0 || !strings.Contains(out, nodeIP["node2"]) {
+			t.Errorf("the hostNetwork pod's eth0: %d %q", code, out)
+		}
+		if out, code := l.Exec("default/no-such-pod", "true"); code == 0 || !strings.Contains(out, "no such pod") {
+			t.Errorf("exec into a missing pod: %d %q", code, out)
+		}
+		// Many at once.
+		var wg sync.WaitGroup
+		for i := range 8 {
+			wg.Go(func() {
+				if out, code := l.Exec("cli1", "sh", "-c", "exit "+strconv.Itoa(i)); code != i {
+					t.Errorf("exec %d: exit status %d: %s", i, code, out)
+				}
+			})
+		}
+		wg.Wait()
+	})
+
+	t.Run("same-node traffic", func(t *testing.T) {
+		if out, code := l.Exec("cli1", "ping", "-c", "1", "-W", "2", srv.Status.PodIP); code != 0 {
+			t.Errorf("ping %s: %s", srv.Status.PodIP, out)
+		}
+		for _, network := range []string{"tcp", "udp"} {
+			got, err := l.Probe("cli1", network, srv.Status.PodIP+":8080")
+			if err != nil || got != "srv1" {
+				t.Errorf("%s probe: %q %v", network, got, err)
+			}
+		}
+		// The node reaches its pod, and no packet finds a way out of the
+		// lab: the router has no route anywhere else.
+		if out, code := l.Exec("cli1", "ping", "-c", "1", "-W", "2", nodeIP["node1"]); code != 0 {
+			t.Errorf("ping the node: %s", out)
+		}
+		if out, code := l.Exec("cli1", "ping", "-c", "1", "-W", "1", "192.0.2.1"); code == 0 {
+			t.Errorf("a pod reached 192.0.2.1 outside the lab: %s", out)
+		}
+	})
+
+	t.Run("status", func(t *testing.T) {
+		out, code := l.Tabbyctl("status")
+		if code != 0 {
+			t.Fatalf("lab status: %s", out)
+		}
+		for _, want := range []string{"node1", "node2", "node3", "default/srv1", srv.Status.PodIP} {
+			if !strings.Contains(out, want) {
+				t.Errorf("lab status does not show %s:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "DEAD") || strings.Count(out, " ok ") != 3 {
+			t.Errorf("lab status:\n%s", out)
+		}
+		if kc, _ := l.Tabbyctl("kubeconfig"); strings.TrimSpace(kc) != l.Kubeconfig {
+			t.Errorf("lab kubeconfig printed %q", kc)
+		}
+	})
+
+	t.Run("tabbyd restart", func(t *testing.T) {
+		old := l.State.Nodes[0].Tabbyd
+		if out, code := l.Tabbyctl("restart", "node1", "tabbyd"); code != 0 {
+			t.Fatalf("lab restart: %s", out)
+		}
+		l.Reload(t)
+		if p := l.State.Nodes[0].Tabbyd; p.Pid == old.Pid || !p.Alive() || old.Alive() {
+			t.Errorf("tabbyd of node1: %+v before, %+v after", old, p)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			r := lab.Inspect(ctx, l.State)
+			if r.Nodes[0].Readyz == "ok" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node1's tabbyd is not ready after its restart: %s", r.Nodes[0].Readyz)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
+	t.Run("kubelet restart adopts pods", func(t *testing.T) {
+		cliNS := netnsName(cli)
+		before := nsPids(t, cliNS)
+		if out, code := l.Tabbyctl("restart", "node1", "kubelet"); code != 0 {
+			t.Fatalf("lab restart: %s", out)
+		}
+		l.Reload(t)
+		// A new pod on node1 is wired by the new kubelet: it has started.
+		l.Create(t, Sleeper("after", "node1"))
+		l.WaitPod(t, "after", 30*time.Second, Running(true))
+		if after := nsPids(t, cliNS); !slices.Equal(before, after) {
+			t.Errorf("cli1's processes changed across the kubelet restart: %v -> %v", before, after)
+		}
+		for _, name := range []string{"cli1", "srv1"} {
+			p := l.WaitPod(t, name, time.Second, Running(true))
+			if name == "cli1" && (p.Status.PodIP != cli.Status.PodIP || p.Status.ContainerStatuses[0].RestartCount != 0) {
+				t.Errorf("cli1 after the restart: IP %s (was %s), restarts %d", p.Status.PodIP, cli.Status.PodIP, p.Status.ContainerStatuses[0].RestartCount)
+			}
+		}
+		if got, err := l.Probe("cli1", "tcp", srv.Status.PodIP+":8080"); err != nil || got != "srv1" {
+			t.Errorf("probe after the restart: %q %v", got, err)
+		}
+	})
+
+	t.Run("delete releases the address", func(t *testing.T) {
+		ds, err := datastore.New(mustConfig(t, l))
+		if err != nil {
+			t.Fatal(err)
+		}
+		handle := "k8s-pod-network." + srv.Annotations[lab.AnnotationSandboxID]
+		if _, err := ds.IPAMHandles.Get(ctx, handle, metav1.GetOptions{}); err != nil {
+			t.Fatalf("the IPAM handle of srv1 (%s): %v", handle, err)
+		}
+		nsPath := srv.Annotations[lab.AnnotationNetNS]
+		start := time.Now()
+		if err := l.CS.CoreV1().Pods("default").Delete(ctx, "srv1", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](10)}); err != nil {
+			t.Fatal(err)
+		}
+		l.WaitGone(t, "srv1", 20*time.Second)
+		t.Logf("srv1 deleted in %v", time.Since(start).Round(time.Millisecond))
+		if _, err := os.Stat(nsPath); err == nil {
+			t.Errorf("srv1's namespace %s is still there", nsPath)
+		}
+		if _, err := ds.IPAMHandles.Get(ctx, handle, metav1.GetOptions{}); err == nil {
+			t.Errorf("the IPAM handle %s outlived the pod", handle)
+		}
+		// Finished pods gave their addresses back already.
+		for _, name := range []string{"env", "fail"} {
+			p, err := l.CS.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(p.Annotations[lab.AnnotationNetNS]); err == nil {
+				t.Errorf("finished pod %s still has its namespace", name)
+			}
+		}
+	})
+
+	start = time.Now()
+	if out, code := l.Tabbyctl("down"); code != 0 {
+		t.Fatalf("lab down: %s", out)
+	}
+	t.Logf("lab down took %v", time.Since(start).Round(time.Millisecond))
+	checkNothingLeft(t, l, linksBefore)
+}
+
+func mustConfig(t *testing.T, l *Lab) *rest.Config {
+	t.Helper()
+	cfg, err := l.State.RESTConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestLabCrash: two subnets joined by the router; then every process of
+// the lab is killed with SIGKILL, and lab down still leaves nothing.
+func TestLabCrash(t *testing.T) {
+	t.Parallel()
+	linksBefore := hostLinks(t)
+	l := Up(t, "--nodes", "2", "--subnets", "2")
+	n1, n2 := l.State.Nodes[0], l.State.Nodes[1]
+	if n1.Subnet == n2.Subnet || !strings.HasPrefix(n2.Address, "10.78.0.") {
+		t.Fatalf("nodes %s (%s) and %s (%s) share a subnet", n1.Name, n1.Address, n2.Name, n2.Address)
+	}
+	// The nodes reach each other through the router, and nothing else.
+	if out, err := exec.Command("ip", "netns", "exec", n1.NetNS, "ping", "-c", "1", "-W", "2", n2.IP()).CombinedOutput(); err != nil {
+		t.Errorf("node1 to node2 across the router: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("ip", "netns", "exec", n1.NetNS, "ping", "-c", "1", "-W", "1", "192.0.2.1").CombinedOutput(); err == nil {
+		t.Errorf("node1 reached 192.0.2.1 outside the lab:\n%s", out)
+	}
+	start := time.Now()
+	l.Create(t, Sleeper("a", "node1"), Sleeper("b", "node2"))
+	a := l.WaitPod(t, "a", 30*time.Second, Running(true))
+	l.WaitPod(t, "b", 30*time.Second, Running(true))
+	t.Logf("pods Running in %v", time.Since(start).Round(time.Millisecond))
+
+	// Kill -9 everything: every process in the lab's namespaces (control
+	// plane, tabbyd, kubelets, shims, containers) and the host's forward.
+	var pids []int
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], lab.Prefix(l.Name)) {
+			continue
+		}
+		name := f[0]
+		for _, p := range nsPids(t, name) {
+			pid, _ := strconv.Atoi(p)
+			pids = append(pids, pid)
+		}
+	}
+	pids = append(pids, l.State.Forward.Proc.Pid)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	t.Logf("killed %d processes", len(pids))
+	time.Sleep(200 * time.Millisecond)
+	if out, code := l.Tabbyctl("status"); code != 0 || strings.Count(out, "DEAD") < 9 {
+		t.Errorf("lab status after the crash (exit %d):\n%s", code, out)
+	}
+	if _, err := os.Stat(a.Annotations[lab.AnnotationNetNS]); err != nil {
+		t.Errorf("the crash removed pod a's namespace already? %v", err)
+	}
+	if out, code := l.Tabbyctl("down"); code != 0 {
+		t.Fatalf("lab down after the crash: %s", out)
+	}
+	checkNothingLeft(t, l, linksBefore)
+}
