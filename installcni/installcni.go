@@ -108,6 +108,9 @@ type Options struct {
 	Portmap bool
 	// CNILogLevel is the plugin's "logLevel" (empty: silent).
 	CNILogLevel string
+	// AgentSocket is the plugin's "agentSocket", where tabbyd serves IPAM
+	// (empty: the plugin's default, /var/run/tabby/cni.sock).
+	AgentSocket string
 
 	// APIServer is the API server's https URL as the node reaches it.
 	APIServer string
@@ -269,6 +272,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("mtu %d is out of range: use 0 (detect) or a value such as 1450", o.MTU)
 	case !filepath.IsAbs(o.HostCNIConfDir):
 		return o, fmt.Errorf("the host's CNI config dir %q must be an absolute path", o.HostCNIConfDir)
+	case o.AgentSocket != "" && !filepath.IsAbs(o.AgentSocket):
+		return o, fmt.Errorf("agent socket %q must be an absolute path (the plugin runs from the runtime's working directory)", o.AgentSocket)
 	}
 	for _, n := range []string{o.ConfName, o.KubeconfigName} {
 		if n != filepath.Base(n) || strings.HasPrefix(n, ".") {
@@ -410,20 +415,22 @@ func (o Options) conflist(srcs []source) ([]byte, error) {
 		Type string `json:"type"`
 	}
 	type tabby struct {
-		Type       string `json:"type"`
-		Kubeconfig string `json:"kubeconfig"`
-		NodeName   string `json:"nodename"`
-		MTU        int    `json:"mtu"`
-		LogLevel   string `json:"logLevel,omitempty"`
-		IPAM       ipam   `json:"ipam"`
+		Type        string `json:"type"`
+		Kubeconfig  string `json:"kubeconfig"`
+		NodeName    string `json:"nodename"`
+		MTU         int    `json:"mtu"`
+		LogLevel    string `json:"logLevel,omitempty"`
+		AgentSocket string `json:"agentSocket,omitempty"`
+		IPAM        ipam   `json:"ipam"`
 	}
 	plugins := []any{tabby{
-		Type:       "tabby",
-		Kubeconfig: filepath.Join(o.HostCNIConfDir, o.KubeconfigName),
-		NodeName:   o.NodeName,
-		MTU:        o.MTU,
-		LogLevel:   o.CNILogLevel,
-		IPAM:       ipam{Type: "tabby-ipam"},
+		Type:        "tabby",
+		Kubeconfig:  filepath.Join(o.HostCNIConfDir, o.KubeconfigName),
+		NodeName:    o.NodeName,
+		MTU:         o.MTU,
+		LogLevel:    o.CNILogLevel,
+		AgentSocket: o.AgentSocket,
+		IPAM:        ipam{Type: "tabby-ipam"},
 	}}
 	type portmap struct {
 		Type         string          `json:"type"`

@@ -625,3 +625,24 @@ func mustRead(t *testing.T, path string) []byte {
 	}
 	return b
 }
+
+// TestAgentSocket: --agent-socket lands in the conflist for the plugin, and
+// a relative path is refused before anything is written.
+func TestAgentSocket(t *testing.T) {
+	e := newEnv(t)
+	o := e.opts()
+	o.AgentSocket = "/run/tabby-lab/node1/cni.sock"
+	e.install(o)
+	if b := mustRead(t, e.conflist); !bytes.Contains(b, []byte(`"agentSocket": "/run/tabby-lab/node1/cni.sock"`)) {
+		t.Errorf("conflist lacks the agent socket:\n%s", b)
+	}
+	o.AgentSocket = "cni.sock"
+	if _, err := Install(o); err == nil || !strings.Contains(err.Error(), "must be an absolute path") {
+		t.Errorf("relative socket: %v", err)
+	}
+	o.AgentSocket = ""
+	e.install(o)
+	if b := mustRead(t, e.conflist); bytes.Contains(b, []byte("agentSocket")) {
+		t.Errorf("without --agent-socket the plugin's default should apply:\n%s", b)
+	}
+}

@@ -72,6 +72,7 @@ KUBERNETES_SERVICE_PORT come from the pod.`,
 	f.BoolVar(&o.Portmap, "portmap", true, "chain the portmap plugin (hostPort support) after tabby")
 	f.StringSliceVar(&o.OptionalPlugins, "optional-plugins", []string{"portmap"}, "plugins copied too when the --bin-source folder has them")
 	f.StringVar(&o.CNILogLevel, "cni-log-level", "", "the plugin's logLevel in the conflist: debug, info, warn, error (default: silent)")
+	f.StringVar(&o.AgentSocket, "agent-socket", "", "the plugin's agentSocket in the conflist: where tabbyd serves IPAM (default: the plugin's, /var/run/tabby/cni.sock)")
 	f.StringVar(&o.APIServer, "apiserver", "", "the API server's URL as the node reaches it (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
 	f.StringVar(&o.TokenFile, "token-file", installcni.DefaultTokenFile, "the CNI service account's token")
 	f.StringVar(&o.CAFile, "ca-file", installcni.DefaultCAFile, "the cluster's CA bundle")
