@@ -2,9 +2,18 @@
 // datastore and converges the node's routes, BGP sessions and policy rules
 // with level-triggered loops, and serves health and metrics.
 //
-// This first version connects to the datastore, serves /healthz, /readyz
-// (the datastore answers) and /metrics, and serves the CNI plugins' IPAM on
-// a unix socket (package cniagent); the routing and policy loops build on it.
+// It serves /healthz, /readyz (the datastore answers and routing is
+// ready), /status (the node's BGP sessions and routes, package nodestatus)
+// and /metrics; serves the CNI plugins' IPAM on a unix socket (package
+// cniagent); and runs the routing loop (reconcile.go): it publishes the
+// node's routing identity in its Node's annotations (node.go), watches
+// Nodes, IPPools, IPAMBlocks, BGPConfigurations, BGPPeers and the Secrets
+// of its namespace (watch.go), and on every change and periodically
+// computes the BGP sessions (bgp.DesiredPeers), the advertisements and the
+// routes (routing.Desired) and converges GoBGP (bgp.Speaker) and the
+// kernel (routing.Applier) to them. After a restart it keeps the routes
+// the previous run left until BGP has converged (restart.go). The policy
+// loop is next.
 package daemon
 
 import (
@@ -34,7 +43,15 @@ type Config struct {
 	// CNISocket is where the CNI agent serves the plugins (the CNI config's
 	// agentSocket); "" turns the agent off.
 	CNISocket string
-	Log       *slog.Logger
+	// Namespace is where tabbyd runs: BGP passwords are read from its
+	// Secrets (default DefaultNamespace).
+	Namespace string
+	// Resync is how often routing reconciles without an event (default
+	// DefaultResync); StartupHold bounds how long a restarted tabbyd keeps
+	// the routes its previous run left while BGP converges (default
+	// DefaultStartupHold).
+	Resync, StartupHold time.Duration
+	Log                 *slog.Logger
 }
 
 // Run runs the daemon until ctx ends.
@@ -56,12 +73,17 @@ func Run(ctx context.Context, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
+	var routes *router // set before the server starts
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		c, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := ds.Ping(c); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if err := routes.Ready(); err != nil {
+			http.Error(w, "routing: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
@@ -80,6 +102,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}()
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
+	routes, routingDone := startRouting(ctx, cfg, ds, reg, mux)
 	agentDone := make(chan struct{})
 	if cfg.CNISocket != "" {
 		// The agent paces itself (one assignment or release at a time on
@@ -113,6 +136,7 @@ func Run(ctx context.Context, cfg Config) error {
 	err = srv.Serve(ln)
 	stop()
 	<-agentDone
+	<-routingDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

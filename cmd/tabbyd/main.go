@@ -1,3 +1,7 @@
+// TCP MD5 (BGP passwords) needs plain TCP listeners: see bgp.ErrMPTCPListeners.
+//
+//go:debug multipathtcp=0
+
 // Command tabbyd is tabby's node daemon.
 package main
 
@@ -51,6 +55,9 @@ func main() {
 	f.StringVar(&nodeIP, "node-ip", "", "this node's address for BGP and routes (default: detected)")
 	f.StringVar(&cfg.HealthListen, "health-listen", ":9099", "address serving /healthz, /readyz and /metrics")
 	f.StringVar(&cfg.CNISocket, "cni-socket", agentapi.DefaultSocket, "unix socket serving the CNI plugins' IPAM (the CNI config's agentSocket); \"\" turns it off")
+	f.StringVar(&cfg.Namespace, "namespace", daemon.DefaultNamespace, "the namespace tabbyd runs in: BGP passwords are read from its Secrets")
+	f.DurationVar(&cfg.Resync, "resync", daemon.DefaultResync, "how often routes and BGP sessions are reconciled without a change")
+	f.DurationVar(&cfg.StartupHold, "startup-hold", daemon.DefaultStartupHold, "after a restart, how long the previous run's routes are kept at most while BGP converges")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)

@@ -1,0 +1,88 @@
+package daemon
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/daemon/routing"
+)
+
+// routingMetrics are the routing loop's Prometheus metrics.
+type routingMetrics struct {
+	sessions        *prometheus.GaugeVec
+	routes          *prometheus.GaugeVec
+	reconciles      *prometheus.CounterVec
+	reconcileTime   prometheus.Histogram
+	applyErrors     prometheus.Counter
+	kernelChanges   *prometheus.CounterVec
+	lastReconcileOK prometheus.Gauge
+}
+
+var sessionStates = []bgp.SessionState{bgp.StateIdle, bgp.StateConnect, bgp.StateActive, bgp.StateOpenSent, bgp.StateOpenConfirm, bgp.StateEstablished}
+
+func newRoutingMetrics(reg prometheus.Registerer) *routingMetrics {
+	m := &routingMetrics{
+		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tabby_bgp_sessions",
+			Help: "BGP sessions of this node by state and type (node-mesh, route-reflector, route-reflector-client, bgppeer).",
+		}, []string{"state", "type"}),
+		routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tabby_routes",
+			Help: "Routes by kind: programmed (in the kernel, with tabby's protocol), blackhole (own blocks), learned and stale (BGP), advertised (BGP), kept (left by the previous run until BGP converges).",
+		}, []string{"kind"}),
+		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_routing_reconciles_total",
+			Help: "Reconciles of BGP sessions, advertisements and routes, by result (ok, error).",
+		}, []string{"result"}),
+		reconcileTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tabby_routing_reconcile_duration_seconds",
+			Help:    "How long one reconcile of BGP sessions, advertisements and routes took.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tabby_routing_apply_errors_total",
+			Help: "Reconciles whose programming of the kernel (routes, tunnels, NAT) failed in part.",
+		}),
+		kernelChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_routing_kernel_changes_total",
+			Help: "Kernel objects tabbyd changed, by object (route, link, address, fdb, neighbor, setmember, natrule, sysctl).",
+		}, []string{"object"}),
+		lastReconcileOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "tabby_routing_last_apply_success",
+			Help: "1 when the last programming of the kernel succeeded, else 0.",
+		}),
+	}
+	reg.MustRegister(m.sessions, m.routes, m.reconciles, m.reconcileTime, m.applyErrors, m.kernelChanges, m.lastReconcileOK)
+	return m
+}
+
+// observeSessions sets the sessions gauge from the speaker's sessions.
+func (m *routingMetrics) observeSessions(states []bgp.PeerState) {
+	m.sessions.Reset()
+	for _, s := range sessionStates {
+		for _, k := range []bgp.Kind{bgp.KindMesh, bgp.KindReflector, bgp.KindReflectorClient, bgp.KindBGPPeer} {
+			m.sessions.WithLabelValues(string(s), string(k)).Set(0)
+		}
+	}
+	for _, st := range states {
+		m.sessions.WithLabelValues(string(st.State), string(st.Kind)).Inc()
+	}
+}
+
+// observeApply counts what an Apply changed.
+func (m *routingMetrics) observeApply(st routing.Stats, err error) {
+	for obj, c := range map[string]routing.Counts{
+		"route": st.Routes, "link": st.Links, "address": st.Addresses, "fdb": st.FDB, "neighbor": st.Neighbors,
+		"setmember": st.SetMembers, "natrule": st.NATRules, "sysctl": st.Sysctls,
+	} {
+		if n := c.Changed(); n > 0 {
+			m.kernelChanges.WithLabelValues(obj).Add(float64(n))
+		}
+	}
+	if err != nil {
+		m.applyErrors.Inc()
+		m.lastReconcileOK.Set(0)
+	} else {
+		m.lastReconcileOK.Set(1)
+	}
+}

@@ -1,0 +1,175 @@
+package daemon
+
+import (
+	"encoding/json"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/daemon/routing"
+)
+
+func TestAnnotationPatch(t *testing.T) {
+	v4, mac, vx := tabbyv1.AnnotationNodeIPv4Address, tabbyv1.AnnotationVXLANTunnelMAC, tabbyv1.AnnotationVXLANTunnelAddress
+	for _, tc := range []struct {
+		name       string
+		have, want map[string]string
+		patch      string // "" for none
+	}{
+		{"nothing yet", nil, map[string]string{v4: "10.0.0.1/24"}, `{"metadata":{"annotations":{"tabby.io/ipv4-address":"10.0.0.1/24"}}}`},
+		{"unchanged", map[string]string{v4: "10.0.0.1/24", "other": "x"}, map[string]string{v4: "10.0.0.1/24"}, ""},
+		{"changed address, VXLAN gone; the user's AS stays",
+			map[string]string{v4: "10.0.0.1/24", mac: "02:00:00:00:00:01", vx: "10.244.0.1", tabbyv1.AnnotationASNumber: "65001"},
+			map[string]string{v4: "10.0.0.2/24"},
+			`{"metadata":{"annotations":{"tabby.io/ipv4-address":"10.0.0.2/24","tabby.io/vxlan-tunnel-address":null,"tabby.io/vxlan-tunnel-mac":null}}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := annotationPatch(tc.have, tc.want)
+			if tc.patch == "" {
+				if got != nil {
+					t.Fatalf("patch %s, want none", got)
+				}
+				return
+			}
+			var a, b any
+			_ = json.Unmarshal(got, &a)
+			_ = json.Unmarshal([]byte(tc.patch), &b)
+			if !reflect.DeepEqual(a, b) {
+				t.Errorf("patch %s, want %s", got, tc.patch)
+			}
+		})
+	}
+}
+
+func pool(name, cidr string, f func(*tabbyv1.IPPoolSpec)) tabbyv1.IPPool {
+	p := tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: tabbyv1.IPPoolSpec{CIDR: cidr}}
+	if f != nil {
+		f(&p.Spec)
+	}
+	return p
+}
+
+func TestInstallable(t *testing.T) {
+	pools := []tabbyv1.IPPool{pool("a", "10.244.0.0/16", nil)}
+	nodes := map[netip.Addr]bool{netip.MustParseAddr("10.0.0.2"): true}
+	lr := func(p, nh string, stale bool) bgp.LearnedRoute {
+		return bgp.LearnedRoute{Route: bgp.Route{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}, Stale: stale}
+	}
+	got, stale := installable([]bgp.LearnedRoute{
+		lr("10.244.1.0/26", "10.0.0.2", false),   // a pod block of a node
+		lr("10.244.2.7/32", "10.0.0.2", true),    // a borrowed address, stale
+		lr("10.96.0.0/12", "10.0.0.2", false),    // a node's service CIDR: not installed
+		lr("192.0.2.0/24", "10.0.0.254", false),  // an external router's
+		lr("10.244.0.0/16", "10.0.0.254", false), // a router's copy of the pool
+	}, pools, nodes)
+	var dsts []string
+	for _, r := range got {
+		dsts = append(dsts, r.Prefix.String())
+	}
+	if strings.Join(dsts, " ") != "10.244.1.0/26 10.244.2.7/32 192.0.2.0/24 10.244.0.0/16" || stale != 1 {
+		t.Errorf("installable: %v, %d stale", dsts, stale)
+	}
+}
+
+func TestWithKept(t *testing.T) {
+	r := func(dst, gw string) routing.Route {
+		if gw == "" {
+			return routing.Route{Dst: netip.MustParsePrefix(dst), Type: routing.Blackhole}
+		}
+		return routing.Route{Dst: netip.MustParsePrefix(dst), Gateway: netip.MustParseAddr(gw)}
+	}
+	s := routing.State{Routes: []routing.Route{r("10.244.0.0/26", ""), r("10.244.1.0/26", "10.0.0.3")}}
+	kept := []routing.Route{r("10.244.1.0/26", "10.0.0.2"), r("10.244.2.0/26", "10.0.0.4"), r("10.243.0.0/26", "10.0.0.5")}
+	got, n := withKept(s, kept)
+	var lines []string
+	for _, rt := range got.Routes {
+		lines = append(lines, rt.String())
+	}
+	want := "10.243.0.0/26 via 10.0.0.5|blackhole 10.244.0.0/26|10.244.1.0/26 via 10.0.0.3|10.244.2.0/26 via 10.0.0.4"
+	if n != 2 || strings.Join(lines, "|") != want {
+		t.Errorf("withKept: %d added, %q\nwant 2, %q", n, strings.Join(lines, "|"), want)
+	}
+	if len(s.Routes) != 2 {
+		t.Errorf("withKept changed its input")
+	}
+}
+
+func TestConverged(t *testing.T) {
+	a, b := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	desired := []bgp.Peer{{Address: a, Kind: bgp.KindMesh}, {Address: b, Kind: bgp.KindMesh}}
+	up := func(addr netip.Addr, synced bool) bgp.PeerState {
+		return bgp.PeerState{Peer: bgp.Peer{Address: addr}, State: bgp.StateEstablished, Synced: synced, Since: time.Now()}
+	}
+	if ok, why := converged(desired, []bgp.PeerState{up(a, true)}); ok || !strings.Contains(why, "10.0.0.3") {
+		t.Errorf("one session missing: %v %q", ok, why)
+	}
+	if ok, why := converged(desired, []bgp.PeerState{up(a, true), up(b, false)}); ok || !strings.Contains(why, "not sent all") {
+		t.Errorf("one peer not synced: %v %q", ok, why)
+	}
+	if ok, _ := converged(desired, []bgp.PeerState{up(a, true), up(b, true)}); !ok {
+		t.Errorf("all up and synced: not converged")
+	}
+	if ok, _ := converged(nil, nil); !ok {
+		t.Errorf("no peers: not converged")
+	}
+}
+
+func TestTunnelPools(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"zone": "a"}}}
+	pools := []tabbyv1.IPPool{
+		pool("native", "10.1.0.0/16", nil),
+		pool("vx", "10.2.0.0/16", func(s *tabbyv1.IPPoolSpec) { s.VXLANMode = tabbyv1.EncapAlways }),
+		pool("vx-cross", "10.3.0.0/16", func(s *tabbyv1.IPPoolSpec) { s.VXLANMode = tabbyv1.EncapCrossSubnet }),
+		pool("vx-disabled", "10.4.0.0/16", func(s *tabbyv1.IPPoolSpec) { s.VXLANMode = tabbyv1.EncapAlways; s.Disabled = true }),
+		pool("vx-other-zone", "10.5.0.0/16", func(s *tabbyv1.IPPoolSpec) {
+			s.VXLANMode = tabbyv1.EncapAlways
+			s.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "b"}}
+		}),
+		pool("vx-workloads-only", "10.6.0.0/16", func(s *tabbyv1.IPPoolSpec) {
+			s.VXLANMode = tabbyv1.EncapAlways
+			s.AllowedUses = []tabbyv1.IPPoolAllowedUse{tabbyv1.UseWorkload}
+		}),
+		pool("vx6", "fd00::/48", func(s *tabbyv1.IPPoolSpec) { s.VXLANMode = tabbyv1.EncapAlways }),
+		pool("ipip", "10.7.0.0/16", func(s *tabbyv1.IPPoolSpec) { s.IPIPMode = tabbyv1.EncapAlways }),
+		pool("both", "10.8.0.0/16", func(s *tabbyv1.IPPoolSpec) { s.IPIPMode, s.VXLANMode = tabbyv1.EncapAlways, tabbyv1.EncapAlways }),
+	}
+	names := func(ps []tabbyv1.IPPool) string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.Name)
+		}
+		return strings.Join(out, " ")
+	}
+	if got := names(tunnelPools(pools, node, true)); got != "vx vx-cross both" {
+		t.Errorf("VXLAN tunnel pools: %s", got)
+	}
+	if got := names(tunnelPools(pools, node, false)); got != "ipip" {
+		t.Errorf("IPIP tunnel pools: %s", got)
+	}
+}
+
+func TestNodeChanged(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"a": "1"}, Annotations: map[string]string{"b": "2"}}}
+	heartbeat := n.DeepCopy()
+	heartbeat.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
+	heartbeat.ResourceVersion = "7"
+	if nodeChanged(n, heartbeat) {
+		t.Errorf("a heartbeat counts as a change")
+	}
+	labelled := n.DeepCopy()
+	labelled.Labels[tabbyv1.LabelRouteReflector] = "true"
+	annotated := n.DeepCopy()
+	annotated.Annotations[tabbyv1.AnnotationNodeIPv4Address] = "10.0.0.1/24"
+	for _, m := range []*corev1.Node{labelled, annotated} {
+		if !nodeChanged(n, m) {
+			t.Errorf("%v -> %v is no change", n.ObjectMeta, m.ObjectMeta)
+		}
+	}
+}

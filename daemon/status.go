@@ -1,0 +1,43 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tabbynet/tabby/daemon/nodestatus"
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// startRouting starts the routing loop of cfg's node (until ctx ends) and
+// serves its status as JSON on GET /status of mux. /readyz asks its Ready.
+func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, reg prometheus.Registerer, mux *http.ServeMux) (*router, <-chan struct{}) {
+	r := newRouter(routerConfig{
+		Node:        cfg.NodeName,
+		NodeIP:      cfg.NodeIP,
+		Namespace:   cfg.Namespace,
+		Resync:      cfg.Resync,
+		StartupHold: cfg.StartupHold,
+		DS:          ds,
+		Log:         cfg.Log,
+		Registerer:  reg,
+	})
+	mux.HandleFunc("GET "+nodestatus.Path, func(w http.ResponseWriter, req *http.Request) {
+		c, cancel := context.WithTimeout(req.Context(), 5*time.Second)
+		defer cancel()
+		st := r.Status(c)
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.run(ctx)
+	}()
+	return r, done
+}

@@ -1,0 +1,179 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/gentype"
+	"k8s.io/client-go/tools/cache"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// SecretClient reads the Secrets of one namespace (BGP passwords).
+type SecretClient = gentype.ClientWithList[*corev1.Secret, *corev1.SecretList]
+
+// secretClient is the Secret client of namespace, over the datastore's
+// core REST client.
+func secretClient(ds *datastore.Client, namespace string) *SecretClient {
+	return gentype.NewClientWithList[*corev1.Secret, *corev1.SecretList]("secrets", ds.CoreREST(), datastore.ParameterCodec, namespace,
+		func() *corev1.Secret { return &corev1.Secret{} }, func() *corev1.SecretList { return &corev1.SecretList{} })
+}
+
+// lister is what the datastore's typed clients offer an informer.
+type lister[L runtime.Object] interface {
+	List(ctx context.Context, opts metav1.ListOptions) (L, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// watchAll is an informer over every object c lists; changed (may be nil)
+// filters updates: only those it calls a change call onChange.
+func watchAll[L runtime.Object](example runtime.Object, c lister[L], onChange func(), changed func(old, new any) bool) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
+		Indexers:          cache.Indexers{},
+		ObjectDescription: fmt.Sprintf("%T", example),
+	})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { onChange() },
+		UpdateFunc: func(old, new any) {
+			if changed == nil || changed(old, new) {
+				onChange()
+			}
+		},
+		DeleteFunc: func(any) { onChange() },
+	})
+	return inf
+}
+
+// nodeChanged says whether a Node update matters to routing: its labels,
+// annotations or addresses. The kubelet's heartbeats (conditions,
+// timestamps) do not.
+func nodeChanged(old, new any) bool {
+	a, ok1 := old.(*corev1.Node)
+	b, ok2 := new.(*corev1.Node)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return !maps.Equal(a.Labels, b.Labels) || !maps.Equal(a.Annotations, b.Annotations) ||
+		!reflect.DeepEqual(a.Status.Addresses, b.Status.Addresses)
+}
+
+// caches are the informers the routing loop reads: every Node, IPPool,
+// IPAMBlock, BGPConfiguration and BGPPeer, and the Secrets of tabbyd's own
+// namespace (BGP passwords).
+type caches struct {
+	ds                                            *datastore.Client
+	nodes, pools, blocks, configs, peers, secrets cache.SharedIndexInformer
+}
+
+func newCaches(ds *datastore.Client, secrets *SecretClient, onChange func()) *caches {
+	return &caches{
+		ds:      ds,
+		nodes:   watchAll(&corev1.Node{}, ds.Nodes, onChange, nodeChanged),
+		pools:   watchAll(&tabbyv1.IPPool{}, ds.IPPools, onChange, nil),
+		blocks:  watchAll(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, onChange, nil),
+		configs: watchAll(&tabbyv1.BGPConfiguration{}, ds.BGPConfigurations, onChange, nil),
+		peers:   watchAll(&tabbyv1.BGPPeer{}, ds.BGPPeers, onChange, nil),
+		secrets: watchAll(&corev1.Secret{}, secrets, onChange, nil),
+	}
+}
+
+// run starts the informers and returns once they have synced, or with
+// ctx's error. They run until ctx ends.
+func (c *caches) run(ctx context.Context) error {
+	all := []cache.SharedIndexInformer{c.nodes, c.pools, c.blocks, c.configs, c.peers, c.secrets}
+	synced := make([]cache.InformerSynced, 0, len(all))
+	for _, inf := range all {
+		go inf.RunWithContext(ctx)
+		synced = append(synced, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return fmt.Errorf("the routing caches did not sync with the API server at %s: %w", c.ds.Host(), context.Cause(ctx))
+	}
+	return nil
+}
+
+// listOf copies every object of an informer's store, sorted by name.
+func listOf[T any](inf cache.SharedIndexInformer) []T {
+	objs := inf.GetStore().List()
+	out := make([]T, 0, len(objs))
+	for _, o := range objs {
+		if v, ok := o.(*T); ok {
+			out = append(out, *v)
+		}
+	}
+	slices.SortFunc(out, func(a, b T) int {
+		return compareNames(any(&a), any(&b))
+	})
+	return out
+}
+
+func compareNames(a, b any) int {
+	ma, _ := a.(metav1.Object)
+	mb, _ := b.(metav1.Object)
+	if ma == nil || mb == nil {
+		return 0
+	}
+	switch {
+	case ma.GetName() < mb.GetName():
+		return -1
+	case ma.GetName() > mb.GetName():
+		return 1
+	}
+	return 0
+}
+
+// snapshot is one consistent-enough read of the caches.
+type snapshot struct {
+	nodes   []corev1.Node
+	pools   []tabbyv1.IPPool
+	blocks  []tabbyv1.IPAMBlock
+	config  tabbyv1.BGPConfigurationSpec
+	peers   []tabbyv1.BGPPeer
+	secrets map[string]*corev1.Secret // by name
+}
+
+func (c *caches) snapshot() snapshot {
+	s := snapshot{
+		nodes:   listOf[corev1.Node](c.nodes),
+		pools:   listOf[tabbyv1.IPPool](c.pools),
+		blocks:  listOf[tabbyv1.IPAMBlock](c.blocks),
+		peers:   listOf[tabbyv1.BGPPeer](c.peers),
+		secrets: map[string]*corev1.Secret{},
+	}
+	if o, ok, _ := c.configs.GetStore().GetByKey(tabbyv1.BGPConfigurationName); ok {
+		s.config = o.(*tabbyv1.BGPConfiguration).Spec
+	}
+	for _, o := range c.secrets.GetStore().List() {
+		if sec, ok := o.(*corev1.Secret); ok {
+			s.secrets[sec.Name] = sec
+		}
+	}
+	return s
+}
+
+// node returns the named node of the snapshot.
+func (s *snapshot) node(name string) *corev1.Node {
+	for i := range s.nodes {
+		if s.nodes[i].Name == name {
+			return &s.nodes[i]
+		}
+	}
+	return nil
+}
