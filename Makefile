@@ -32,15 +32,19 @@ e2e: deps build controlplane
 	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test $(GOTEST_FLAGS) -v ./test/e2e/...
 
 ## bench: benchmarks against peers (see test/bench): ADD/DEL latency over 200
-## interleaved iterations, then three bursts of 100 pods (1 to 2 minutes)
+## interleaved iterations, then three bursts of 100 pods (1 to 2 minutes);
+## then route convergence, BGP sessions and tabbyd memory in labs of 10 and
+## 30 nodes, full mesh against route reflectors (about 2 minutes)
 bench: deps build controlplane
 	export TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin; \
 	go test -count=1 -timeout 30m -run '^$$' -bench AddDel -benchtime 200x ./test/bench/... && \
-	go test -count=1 -timeout 30m -run '^$$' -bench Burst -benchtime 3x ./test/bench/...
+	go test -count=1 -timeout 30m -run '^$$' -bench Burst -benchtime 3x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench RouteConvergence -benchtime 1x ./test/labtest/
 
-## lab: the main job (see README)
+## lab: the main job (see README): a 3-node lab with pods, a connectivity
+## matrix and each node's BGP peers; the lab stays up (tabbyctl lab down)
 lab: deps build controlplane
-	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) ./bin/tabbyctl demo
+	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) ./bin/tabbyctl lab demo --nodes 3
 
 GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*')
 

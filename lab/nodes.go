@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -337,14 +336,8 @@ func waitNodeReady(ctx context.Context, cs kubernetes.Interface, n *Node) error 
 
 // tabbydReadyz asks node n's tabbyd for /readyz from inside the node.
 func tabbydReadyz(ctx context.Context, n *Node) error {
-	nsName := n.NetNS
-	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
-			return dialInNetNS(ctx, nsName, network, address)
-		},
-		DisableKeepAlives: true,
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(TabbydHealthPort))+"/readyz", nil)
+	hc := TabbydClient(n, 3*time.Second)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, TabbydURL("/readyz"), nil)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/tabbynet/tabby/daemon/nodestatus"
 )
 
 // Report is what `lab status` shows.
@@ -54,6 +56,10 @@ type NodeReport struct {
 	// the node.
 	Readyz string `json:"readyz"`
 	Pods   int    `json:"pods"`
+	// BGP is tabbyd's status (sessions, routes), asked from inside the
+	// node; BGPError says why it could not be had.
+	BGP      *nodestatus.Status `json:"bgp,omitempty"`
+	BGPError string             `json:"bgpError,omitempty"`
 }
 
 // PodReport is one pod of the lab.
@@ -91,6 +97,11 @@ func Inspect(ctx context.Context, s *State) *Report {
 				r.Nodes[i].Readyz = err.Error()
 			} else {
 				r.Nodes[i].Readyz = "ok"
+			}
+			if bs, err := NodeBGP(rctx, n); err != nil {
+				r.Nodes[i].BGPError = err.Error()
+			} else {
+				r.Nodes[i].BGP = bs
 			}
 		})
 	}
@@ -186,6 +197,7 @@ func (r *Report) Print(w io.Writer) {
 			orDefault(n.Ready, "?"), oneLine(n.Readyz), n.Pods)
 	}
 	_ = tw.Flush()
+	r.printBGP(w)
 	if len(r.Pods) == 0 {
 		return
 	}
@@ -204,4 +216,21 @@ func oneLine(s string) string {
 		s = s[:57] + "..."
 	}
 	return s
+}
+
+// printBGP writes each node's BGP peers (tabbyd's /status).
+func (r *Report) printBGP(w io.Writer) {
+	for _, n := range r.Nodes {
+		fmt.Fprintln(w)
+		if n.BGP == nil {
+			fmt.Fprintf(w, "%s: BGP status unavailable: %s\n", n.Name, oneLine(n.BGPError))
+			continue
+		}
+		rt := n.BGP.Routes
+		fmt.Fprintf(w, "%s: AS %d, %d BGP peer(s), %d routes programmed, %d learned, %d advertised\n",
+			n.Name, n.BGP.AS, len(n.BGP.Peers), rt.Programmed, rt.Learned, rt.Advertised)
+		if len(n.BGP.Peers) > 0 {
+			n.BGP.PrintPeers(w, "  ")
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -49,7 +50,7 @@ the API server. Pods' containers run host programs given by absolute path.
 	}
 	cmd.PersistentFlags().StringVar(&dir, "dir", def, "the lab's folder ($"+envLabDir+" changes the default)")
 	cmd.AddCommand(labUpCommand(&dir), labDownCommand(&dir), labStatusCommand(&dir), labKubeconfigCommand(&dir),
-		labExecCommand(&dir), labRestartCommand(&dir),
+		labExecCommand(&dir), labRestartCommand(&dir), labDemoCommand(&dir),
 		labKubeletCommand(&dir), labForwardCommand(&dir), labShimCommand(), labNetexecCommand(), labProbeCommand())
 	return cmd
 }
@@ -93,34 +94,50 @@ The control-plane binaries come from --controlplane-dir ($` + cluster.EnvControl
 else test/controlplane/build.sh builds them (minutes, the first time).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			exe, err := os.Executable()
-			if err == nil {
-				exe, err = filepath.EvalSymlinks(exe)
+			if err := completeUpOptions(&o, repo, *dir, cmd.OutOrStdout()); err != nil {
+				return err
 			}
-			if err != nil {
-				return fmt.Errorf("finding tabbyctl's own path: %w", err)
-			}
-			o.Tabbyctl = exe
-			exeDir := filepath.Dir(exe)
-			if o.BinDir == "" {
-				o.BinDir = exeDir
-			}
-			if o.ControlPlaneDir == "" {
-				o.ControlPlaneDir = os.Getenv(cluster.EnvControlPlaneDir)
-			}
-			if o.RepoRoot = repo; repo == "" {
-				if o.RepoRoot, err = findRepo(exeDir); err != nil {
-					return err
-				}
-			}
-			o.Dir = *dir
-			o.Log = cmd.OutOrStdout()
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
-			_, err = lab.Up(ctx, o)
+			_, err := lab.Up(ctx, o)
 			return err
 		},
 	}
+	addUpFlags(cmd, &o, &repo)
+	return cmd
+}
+
+// completeUpOptions fills in what lab up finds by itself: tabbyctl's own
+// path, the folder of the other binaries, the control plane's and the
+// repository.
+func completeUpOptions(o *lab.Options, repo, dir string, out io.Writer) error {
+	exe, err := os.Executable()
+	if err == nil {
+		exe, err = filepath.EvalSymlinks(exe)
+	}
+	if err != nil {
+		return fmt.Errorf("finding tabbyctl's own path: %w", err)
+	}
+	o.Tabbyctl = exe
+	exeDir := filepath.Dir(exe)
+	if o.BinDir == "" {
+		o.BinDir = exeDir
+	}
+	if o.ControlPlaneDir == "" {
+		o.ControlPlaneDir = os.Getenv(cluster.EnvControlPlaneDir)
+	}
+	if o.RepoRoot = repo; repo == "" {
+		if o.RepoRoot, err = findRepo(exeDir); err != nil {
+			return err
+		}
+	}
+	o.Dir = dir
+	o.Log = out
+	return nil
+}
+
+// addUpFlags adds lab up's flags to cmd (lab up, lab demo).
+func addUpFlags(cmd *cobra.Command, o *lab.Options, repo *string) {
 	f := cmd.Flags()
 	f.IntVar(&o.Nodes, "nodes", lab.DefaultNodes, "number of nodes (1 to 200)")
 	f.IntVar(&o.Subnets, "subnets", 1, "1: one bridge; 2: two bridges joined by a router (CrossSubnet is real)")
@@ -128,13 +145,12 @@ else test/controlplane/build.sh builds them (minutes, the first time).`,
 	f.StringVar(&o.PodCIDR, "pod-cidr", lab.DefaultPodCIDR, `the default IPPool's range ("" for no pool)`)
 	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabbyd, tabby and tabby-ipam (default: tabbyctl's own folder)")
 	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ... (default $"+cluster.EnvControlPlaneDir+", else built)")
-	f.StringVar(&repo, "repo", "", "the tabby repository (deploy/ is applied from it; default: found above the working directory or tabbyctl)")
+	f.StringVar(repo, "repo", "", "the tabby repository (deploy/ is applied from it; default: found above the working directory or tabbyctl)")
 	f.IntVar(&o.APIPort, "api-port", 0, "host loopback port of the API server forward (default: a free one)")
 	f.StringArrayVar(&o.TabbydArgs, "tabbyd-arg", nil, "a flag added to every tabbyd's (repeat it)")
 	f.BoolVar(&o.TabbydAdmin, "tabbyd-admin", false, "run tabbyd with the admin's token instead of the tabby-node service account's")
 	f.DurationVar(&o.ReadyTimeout, "timeout", 2*time.Minute, "how long to wait for the nodes and tabbyd to be ready")
 	f.BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave a lab that failed to come up as it is, to look at (remove it with lab down)")
-	return cmd
 }
 
 func labDownCommand(dir *string) *cobra.Command {

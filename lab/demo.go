@@ -1,0 +1,310 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/tabbynet/tabby/test/cluster"
+)
+
+// DemoPort is where the demo's pods serve (TCP and UDP).
+const DemoPort = 8080
+
+// DemoOptions configure Demo.
+type DemoOptions struct {
+	// PodsPerNode is how many netexec pods each node runs (default 2).
+	PodsPerNode int
+	// Timeout bounds the wait for the pods (default 1 minute).
+	Timeout time.Duration
+	// Out receives the report.
+	Out io.Writer
+}
+
+// DemoProbe is one probe of the demo's matrix.
+type DemoProbe struct {
+	From, To string
+	// TCP: a connection to the target's netexec server answered with its
+	// name; ICMP: one ping answered.
+	TCP, ICMP     bool
+	TCPErr, Error string
+}
+
+// OK says both probes passed.
+func (p DemoProbe) OK() bool { return p.TCP && p.ICMP }
+
+// Demo runs the lab's main job on a lab that is up: netexec pods on every
+// node (created, or kept from an earlier run), their addresses, a
+// connectivity matrix of real probes from every pod to every pod (a TCP
+// connection answered by the server and a ping, both sent from inside the
+// source pod), each node's BGP peers, and how to use the lab. It returns
+// an error when a probe failed.
+func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
+	var pods []*corev1.Pod
+	defer func() { demoUsage(o.Out, s, pods) }()
+	if o.PodsPerNode <= 0 {
+		o.PodsPerNode = 2
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = time.Minute
+	}
+	cfg, err := s.RESTConfig()
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for i := range s.Nodes {
+		for j := range o.PodsPerNode {
+			name := fmt.Sprintf("web%d-%c", i+1, 'a'+j)
+			names = append(names, name)
+			if err := createDemoPod(ctx, cs, s, name, s.Nodes[i].Name); err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Fprintf(o.Out, "\nPods: %d netexec servers (TCP and UDP %d) spread over %d nodes, placed by kube-scheduler and wired by the tabby CNI plugin\n",
+		len(names), DemoPort, len(s.Nodes))
+	pods, err = waitDemoPods(ctx, cs, names, o.Timeout)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(o.Out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tNODE\tIP\tNETNS")
+	for _, p := range pods {
+		fmt.Fprintf(tw, "default/%s\t%s\t%s\t%s\n", p.Name, p.Spec.NodeName, p.Status.PodIP, p.Annotations[AnnotationNetNS])
+	}
+	_ = tw.Flush()
+
+	probes := demoMatrix(ctx, pods)
+	fmt.Fprintf(o.Out, "\nConnectivity, from each pod (rows) to each pod (columns): ok = TCP to its server and ping both answered\n")
+	tw = tabwriter.NewWriter(o.Out, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "FROM \\ TO\t")
+	for _, p := range pods {
+		fmt.Fprintf(tw, "%s\t", p.Name)
+	}
+	fmt.Fprintln(tw)
+	failed := 0
+	var failures []string
+	for i, from := range pods {
+		fmt.Fprintf(tw, "%s (%s)\t", from.Name, from.Spec.NodeName)
+		for j := range pods {
+			pr := probes[i*len(pods)+j]
+			cell := "ok"
+			switch {
+			case pr.OK():
+			case pr.TCP:
+				cell = "NO PING"
+			case pr.ICMP:
+				cell = "NO TCP"
+			default:
+				cell = "FAIL"
+			}
+			if !pr.OK() {
+				failed++
+				failures = append(failures, fmt.Sprintf("%s -> %s: %s %s", pr.From, pr.To, pr.TCPErr, pr.Error))
+			}
+			fmt.Fprintf(tw, "%s\t", cell)
+		}
+		fmt.Fprintln(tw)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(o.Out, "%d of %d pod pairs reached each other (%d on the same node, %d across nodes)\n",
+		len(probes)-failed, len(probes), sameNodePairs(pods), len(probes)-sameNodePairs(pods))
+	for _, f := range failures {
+		fmt.Fprintf(o.Out, "  %s\n", f)
+	}
+
+	fmt.Fprintf(o.Out, "\nBGP peers of each node (tabbyctl node status, inside the node)\n")
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		bs, err := NodeBGP(ctx, n)
+		if err != nil {
+			fmt.Fprintf(o.Out, "%s: %v\n", n.Name, err)
+			continue
+		}
+		rt := bs.Routes
+		fmt.Fprintf(o.Out, "%s (%s, AS %d): %d routes programmed (%d learned over BGP, %d blackhole for its own block)\n",
+			n.Name, n.Address, bs.AS, rt.Programmed, rt.Learned, rt.Blackholes)
+		bs.PrintPeers(o.Out, "  ")
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d probes failed: see tabbyctl lab status and the logs in %s", failed, len(probes), s.Dir)
+	}
+	return nil
+}
+
+func sameNodePairs(pods []*corev1.Pod) int {
+	n := 0
+	for _, a := range pods {
+		for _, b := range pods {
+			if a.Spec.NodeName == b.Spec.NodeName {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// createDemoPod creates a netexec pod on node, unless it exists.
+func createDemoPod(ctx context.Context, cs kubernetes.Interface, s *State, name, node string) error {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{"app": "lab-demo"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{corev1.LabelHostname: node},
+			Containers: []corev1.Container{{
+				Name: "netexec", Image: "lab",
+				Command: []string{s.Binaries.Tabbyctl, "lab", "netexec", "--tcp", strconv.Itoa(DemoPort), "--udp", strconv.Itoa(DemoPort)},
+				Ports:   []corev1.ContainerPort{{Name: "web", ContainerPort: DemoPort}},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(DemoPort)}},
+					PeriodSeconds: 1,
+				},
+			}},
+			TerminationGracePeriodSeconds: ptr.To[int64](5),
+		},
+	}
+	_, err := cs.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating pod %s: %w", name, err)
+	}
+	return nil
+}
+
+// waitDemoPods waits until the pods are Ready with an address and returns
+// them in the order of names.
+func waitDemoPods(ctx context.Context, cs kubernetes.Interface, names []string, d time.Duration) ([]*corev1.Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	out := make([]*corev1.Pod, len(names))
+	for i, name := range names {
+		err := poll(ctx, 200*time.Millisecond, func() error {
+			p, err := cs.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			ready := false
+			for _, c := range p.Status.Conditions {
+				ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
+			}
+			if !ready || p.Status.PodIP == "" || p.Annotations[AnnotationNetNS] == "" {
+				return fmt.Errorf("pod %s is %s, not Ready yet", name, p.Status.Phase)
+			}
+			out[i] = p
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("waiting for the demo's pods: %w (see tabbyctl lab status)", err)
+		}
+	}
+	return out, nil
+}
+
+// demoMatrix probes from every pod to every pod, a few at a time.
+func demoMatrix(ctx context.Context, pods []*corev1.Pod) []DemoProbe {
+	out := make([]DemoProbe, len(pods)*len(pods))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, from := range pods {
+		for j, to := range pods {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				out[i*len(pods)+j] = probePods(ctx, from, to)
+			})
+		}
+	}
+	wg.Wait()
+	return out
+}
+
+// probePods connects from inside pod from to the netexec server of pod
+// to, and pings it.
+func probePods(ctx context.Context, from, to *corev1.Pod) DemoProbe {
+	pr := DemoProbe{From: from.Name, To: to.Name}
+	nsPath := from.Annotations[AnnotationNetNS]
+	addr := to.Status.PodIP + ":" + strconv.Itoa(DemoPort)
+	var answer string
+	err := cluster.InNetNS(nsPath, func() error {
+		var err error
+		answer, err = Probe(ctx, "tcp", addr, 2*time.Second)
+		return err
+	})
+	if err == nil && answer != to.Name {
+		err = fmt.Errorf("%s answered %q", addr, answer)
+	}
+	pr.TCP = err == nil
+	if err != nil {
+		pr.TCPErr = "tcp: " + err.Error()
+	}
+	ping := exec.CommandContext(ctx, "nsenter", "--net="+nsPath, "ping", "-c", "1", "-W", "2", to.Status.PodIP)
+	out, err := ping.CombinedOutput()
+	pr.ICMP = err == nil
+	if err != nil {
+		pr.Error = "ping: " + strings.TrimSpace(lastLine(string(out)))
+		if pr.Error == "ping: " {
+			pr.Error += err.Error()
+		}
+	}
+	return pr
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// demoUsage says how to use a lab the demo left up; pods are the demo's
+// (nil when they did not come up).
+func demoUsage(w io.Writer, s *State, pods []*corev1.Pod) {
+	tabbyctl := s.Binaries.Tabbyctl
+	kubectl := filepath.Join(s.Binaries.ControlPlaneDir, "kubectl")
+	labCmd := tabbyctl + " lab"
+	if s.Dir != DefaultDir {
+		labCmd += " --dir " + s.Dir
+	}
+	from, target := "default/web1-a", "10.244.0.1"
+	if len(pods) > 1 {
+		from, target = "default/"+pods[0].Name, pods[len(pods)-1].Status.PodIP
+	}
+	node := s.Nodes[0]
+	lines := []string{
+		"# the cluster, as kubectl sees it",
+		"export KUBECONFIG=" + s.Kubeconfig,
+		kubectl + " get nodes,pods -o wide",
+		kubectl + " get ippools,ipamblocks,bgppeers",
+		"# nodes, processes, BGP peers and pods",
+		labCmd + " status",
+		"# run a command inside a pod",
+		labCmd + " exec " + from + " -- ping -c 3 " + target,
+		"# a node's BGP peers, as its tabbyd sees them",
+		"ip netns exec " + node.NetNS + " " + tabbyctl + " node status",
+		"# make " + node.Name + " a route reflector (the others then peer only with it)",
+		kubectl + " label node " + node.Name + " tabby.io/route-reflector=true",
+		"# restart a tabbyd: pod traffic does not notice",
+		labCmd + " restart " + node.Name + " tabbyd",
+		"# remove everything",
+		labCmd + " down",
+	}
+	fmt.Fprintf(w, "\nThe lab stays up. Try:\n")
+	for _, l := range lines {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
+}
