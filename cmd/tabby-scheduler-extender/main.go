@@ -29,6 +29,9 @@ func main() {
 	}
 	cmd.Flags().StringVar(&cfg.Listen, "listen", ":8888", "address to serve POST /filter, POST /prioritize, GET /healthz and GET /metrics on")
 	cmd.Flags().StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
+	cmd.Flags().StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (with any intermediates) to serve HTTPS with, for kube-scheduler's enableHTTPS; needs --tls-key-file")
+	cmd.Flags().StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file")
+	cmd.Flags().Int64Var(&cfg.MaxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted; larger ones get 413 (full Nodes are sent unless nodeCacheCapable)")
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)
 	}

@@ -1,0 +1,149 @@
+package extender
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+)
+
+// selfSigned writes a certificate for 127.0.0.1 and its key to dir.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "tabby-scheduler-extender"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+// start serves cfg on a free port until the test ends and returns the address.
+func start(t *testing.T, cfg Config) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- serve(ctx, ln, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return ln.Addr().String()
+}
+
+func TestHTTPS(t *testing.T) {
+	certFile, keyFile, pool := selfSigned(t, t.TempDir())
+	addr := start(t, Config{TLSCertFile: certFile, TLSKeyFile: keyFile})
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+
+	resp, err := client.Get("https://" + addr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(body)) != "ok" || resp.TLS == nil {
+		t.Fatalf("healthz: %d %q tls=%v", resp.StatusCode, body, resp.TLS != nil)
+	}
+
+	args := mustJSON(t, extenderv1.ExtenderArgs{Pod: zonePod(), Nodes: nodeList(testNodes()...)})
+	resp, err = client.Post("https://"+addr+"/filter", "application/json", bytes.NewReader(args))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res extenderv1.ExtenderFilterResult
+	err = json.NewDecoder(resp.Body).Decode(&res)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || len(res.Nodes.Items) != 2 {
+		t.Fatalf("filter over HTTPS: %d %v %+v", resp.StatusCode, err, res)
+	}
+
+	// Plain HTTP to the HTTPS port is refused.
+	resp, err = (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/healthz")
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Error("plain HTTP was served on the HTTPS port")
+		}
+	}
+}
+
+func TestPlainHTTP(t *testing.T) {
+	addr := start(t, Config{})
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "go_goroutines") {
+		t.Fatalf("metrics: %d", resp.StatusCode)
+	}
+}
+
+func TestTLSConfigErrors(t *testing.T) {
+	certFile, keyFile, _ := selfSigned(t, t.TempDir())
+	ctx := context.Background()
+	if err := Run(ctx, Config{Listen: "127.0.0.1:0", TLSCertFile: certFile}); err == nil || !strings.Contains(err.Error(), "both") {
+		t.Errorf("cert without key: %v", err)
+	}
+	if err := Run(ctx, Config{Listen: "127.0.0.1:0", TLSCertFile: keyFile, TLSKeyFile: certFile}); err == nil || !strings.Contains(err.Error(), "loading the TLS certificate") {
+		t.Errorf("swapped files: %v", err)
+	}
+	if err := Run(ctx, Config{Listen: "127.0.0.1:0", TLSCertFile: "/nonexistent.crt", TLSKeyFile: keyFile}); err == nil {
+		t.Error("missing cert file: no error")
+	}
+}
