@@ -11,13 +11,11 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -222,44 +220,13 @@ func TestCNIAgentParallelAdds(t *testing.T) {
 		ps[i] = newPod(t, n, fmt.Sprintf("agent-par-%d", i), nil)
 	}
 	before := agentCounts(t, d)
-	results := make([]*current.Result, pods)
-	errs := make([]error, pods)
-	var wg sync.WaitGroup
-	for i := range ps {
-		wg.Go(func() { results[i], errs[i] = n.Add(ctxT(t), list, ps[i], nil) })
-	}
-	wg.Wait()
-	seen := map[string]int{}
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("ADD %d: %v", i, err)
-			continue
-		}
-		ip := results[i].IPs[0].Address.IP.String()
-		if j, dup := seen[ip]; dup {
-			t.Errorf("pods %d and %d both got %s", j, i, ip)
-		}
-		seen[ip] = i
-	}
+	seen := addAllAtOnce(t, n, list, ps)
 	if len(seen) != pods {
 		t.Errorf("%d distinct addresses, want %d", len(seen), pods)
 	}
 	wantServed(t, "50 ADDs", before, agentCounts(t, d), map[string]float64{"assign/ok": pods})
-	for i := range ps {
-		wg.Go(func() {
-			if err := n.Del(ctxT(t), list, ps[i], nil); err != nil {
-				t.Errorf("DEL %d: %v", i, err)
-			}
-		})
-	}
-	wg.Wait()
+	delAllAtOnce(t, n, list, ps)
 	wantServed(t, "50 ADDs and DELs", before, agentCounts(t, d), map[string]float64{"assign/ok": pods, "release-handle/ok": pods})
-	if hs := n.nodeHandles(t); len(hs) != 0 {
-		t.Errorf("handles left after DEL: %v", hs)
-	}
-	if vs := n.hostVeths(t); len(vs) != 0 {
-		t.Errorf("host veths left after DEL: %d", len(vs))
-	}
 }
 
 // TestCNIAgentFallback: when tabbyd is killed (its socket stays behind,

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -350,15 +351,29 @@ func TestCNIParallelAdds(t *testing.T) {
 	for i := range ps {
 		ps[i] = newPod(t, n, "", nil)
 	}
-	results := make([]*current.Result, pods)
-	errs := make([]error, pods)
+	seen := addAllAtOnce(t, n, list, ps)
+	if len(seen) != pods {
+		t.Errorf("%d distinct addresses, want %d", len(seen), pods)
+	}
+	if got := len(n.hostVeths(t)); got != pods {
+		t.Errorf("%d host veths, want %d", got, pods)
+	}
+	if got := len(n.nodeHandles(t)); got != pods {
+		t.Errorf("%d handles on the node, want %d", got, pods)
+	}
+	delAllAtOnce(t, n, list, ps)
+}
+
+// addAllAtOnce ADDs every pod concurrently and returns the addresses they
+// got (address -> pod index), failing the test on an error or an address
+// handed out twice.
+func addAllAtOnce(t *testing.T, n *testNode, list *libcni.NetworkConfigList, ps []*testnet.Pod) map[string]int {
+	t.Helper()
+	results := make([]*current.Result, len(ps))
+	errs := make([]error, len(ps))
 	var wg sync.WaitGroup
 	for i := range ps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i], errs[i] = n.Add(ctxT(t), list, ps[i], nil)
-		}()
+		wg.Go(func() { results[i], errs[i] = n.Add(ctxT(t), list, ps[i], nil) })
 	}
 	wg.Wait()
 	seen := map[string]int{}
@@ -373,23 +388,20 @@ func TestCNIParallelAdds(t *testing.T) {
 		}
 		seen[ip] = i
 	}
-	if len(seen) != pods {
-		t.Errorf("%d distinct addresses, want %d", len(seen), pods)
-	}
-	if got := len(n.hostVeths(t)); got != pods {
-		t.Errorf("%d host veths, want %d", got, pods)
-	}
-	if got := len(n.nodeHandles(t)); got != pods {
-		t.Errorf("%d handles on the node, want %d", got, pods)
-	}
+	return seen
+}
+
+// delAllAtOnce DELs every pod concurrently and checks that no handle and no
+// host veth is left on the node.
+func delAllAtOnce(t *testing.T, n *testNode, list *libcni.NetworkConfigList, ps []*testnet.Pod) {
+	t.Helper()
+	var wg sync.WaitGroup
 	for i := range ps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := n.Del(ctxT(t), list, ps[i], nil); err != nil {
 				t.Errorf("DEL %d: %v", i, err)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if hs := n.nodeHandles(t); len(hs) != 0 {
