@@ -74,17 +74,21 @@ func TestLabBIRDExternal(t *testing.T) {
 // TestLabBIRDGracefulRestart kills node1's speaker, which peers with BIRD
 // as its top-of-rack router, and starts it again. BIRD keeps node1's block
 // while node1 is away (graceful restart). On reconnect, BIRD checks the
-// forwarding-state (F) bit: in plain mode node1 does not set it, so BIRD
-// drops the stale route and adds the re-sent one a millisecond later; in
-// restarting mode it keeps the route and takes the re-sent one as a
-// refresh. (With more peers, GoBGP clears the F bit for sessions that come
-// up after the first peer's End-of-RIB, GoBGP #3431; this test has one.)
+// forwarding-state (F) bit. In restarting mode node1 sets it, and BIRD
+// keeps the route and takes the re-sent one as a refresh ("ignored": the
+// same route). In plain mode node1 does not set it, so BIRD ends the
+// restart and prunes the stale route; whether the prune or the re-sent
+// route comes first is a race inside BIRD, so BIRD logs either "removed"
+// and "added" or only "ignored" (seen in CI). Either way it must hold the
+// route from the new session. (With more peers, GoBGP clears the F bit for
+// sessions that come up after the first peer's End-of-RIB, GoBGP #3431;
+// this test has one.)
 func TestLabBIRDGracefulRestart(t *testing.T) {
 	needRoot(t, "bird", "birdc")
 	for _, tc := range []struct {
-		name    string
-		cfg     Config
-		removed bool
+		name      string
+		cfg       Config
+		mayRemove bool
 	}{{"plain", Config{}, true}, {"restarting mode", Config{Restarting: true}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, 1, Config{})
@@ -108,18 +112,26 @@ func TestLabBIRDGracefulRestart(t *testing.T) {
 			restarted := time.Now()
 			c.start(1, tc.cfg)
 			c.nodes[1].p.must(helperRequest{Op: "peers", Peers: c.desired(1)})
-			refreshed := "node1.ipv4 > ignored " + blockOf(1).String()
-			if tc.removed {
-				refreshed = "node1.ipv4 > added [best] " + blockOf(1).String()
+			refreshed := []string{"node1.ipv4 > ignored " + blockOf(1).String()}
+			if tc.mayRemove {
+				refreshed = append(refreshed, "node1.ipv4 > added [best] "+blockOf(1).String())
 			}
 			eventually(t, 30*time.Second, "BIRD has node1's block from the new session", func() (bool, string) {
 				logs := tor.logs.String()[mark:]
-				return strings.Contains(logs, refreshed), logs
+				for _, r := range refreshed {
+					if strings.Contains(logs, r) {
+						return true, logs
+					}
+				}
+				return false, logs
 			})
 			t.Logf("BIRD got node1's block again %s after the restart", time.Since(restarted).Round(time.Millisecond))
+			if got := tor.routes()[blockOf(1).String()]; len(got) != 1 {
+				t.Errorf("BIRD's route to node1's block after the restart: %v, want one via node1", got)
+			}
 			logs := tor.logs.String()[mark:]
-			if removed := strings.Contains(logs, "removed"); removed != tc.removed {
-				t.Errorf("BIRD removed node1's block on reconnect: %v, want %v; its log:\n%s", removed, tc.removed, logs)
+			if !tc.mayRemove && strings.Contains(logs, "removed") {
+				t.Errorf("BIRD removed node1's block on reconnect in restarting mode; its log:\n%s", logs)
 			}
 			c.waitFor(1, 20*time.Second, fmt.Sprintf("%s>10.77.0.254@10.77.0.254", birdOrigin))
 		})

@@ -109,6 +109,8 @@ type session struct {
 	added     time.Time
 	heldSince time.Time
 	heldFor   string
+	// coveredSince is the Hold's CoveredSince (see PeerState).
+	coveredSince time.Time
 }
 
 // Start starts a speaker. It listens at once; sessions come with SetPeers.
@@ -273,12 +275,12 @@ func (s *Speaker) converge(ctx context.Context) error {
 	}
 	for _, p := range s.desired {
 		if ss, ok := s.sessions[p.Key()]; ok && !needsReset(ss.peer, p) {
-			ss.peer, ss.heldSince, ss.heldFor = p, time.Time{}, ""
+			ss.peer, ss.heldSince, ss.heldFor, ss.coveredSince = p, time.Time{}, "", time.Time{}
 		}
 	}
 	for _, h := range plan.Held {
 		if ss, ok := s.sessions[h.Key]; ok {
-			ss.heldSince, ss.heldFor = h.Since, h.For
+			ss.heldSince, ss.heldFor, ss.coveredSince = h.Since, h.For, h.CoveredSince
 		}
 	}
 	s.releaseHeldRoutes(now, current)

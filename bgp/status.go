@@ -43,7 +43,7 @@ func (s *Speaker) peerStates(ctx context.Context, r rib) ([]PeerState, error) {
 	now := time.Now()
 	out := make([]PeerState, 0, len(s.sessions))
 	for key, ss := range s.sessions {
-		st := PeerState{Peer: ss.peer, State: StateIdle, Since: ss.added, HeldSince: ss.heldSince, HeldFor: ss.heldFor}
+		st := PeerState{Peer: ss.peer, State: StateIdle, Since: ss.added, HeldSince: ss.heldSince, HeldFor: ss.heldFor, CoveredSince: ss.coveredSince}
 		if gp, ok := gobgp[key]; ok {
 			fillState(&st, gp, now)
 		}

@@ -43,6 +43,10 @@ type PeerState struct {
 	// HeldFor says what it waits for.
 	HeldSince time.Time
 	HeldFor   string
+	// CoveredSince is when Transition first saw every prefix of a session
+	// that is no longer desired arrive over desired sessions too; zero when
+	// it has not (or no longer does).
+	CoveredSince time.Time
 }
 
 // Established says whether the session is up.
@@ -60,12 +64,19 @@ type TransitionOptions struct {
 	// the old settings (a reflector's reflected routes) must first arrive
 	// over the remote's new sessions, which are not visible from here.
 	ChangeDelay time.Duration
+	// Settle is how long a session that is no longer desired stays after
+	// everything it gives us arrived over other sessions (default 2 s).
+	// Removing a session drops it at both ends, and the remote end may not
+	// have our prefixes over its new sessions yet: a reflector passes them
+	// on a moment after it passed us the remote's.
+	Settle time.Duration
 }
 
 // Defaults of TransitionOptions.
 const (
 	DefaultTransitionTimeout = 90 * time.Second
 	DefaultChangeDelay       = 15 * time.Second
+	DefaultSettle            = 2 * time.Second
 )
 
 func (o TransitionOptions) withDefaults() TransitionOptions {
@@ -74,6 +85,9 @@ func (o TransitionOptions) withDefaults() TransitionOptions {
 	}
 	if o.ChangeDelay <= 0 {
 		o.ChangeDelay = DefaultChangeDelay
+	}
+	if o.Settle <= 0 {
+		o.Settle = DefaultSettle
 	}
 	return o
 }
@@ -96,6 +110,9 @@ type Hold struct {
 	Key   string
 	Since time.Time
 	For   string
+	// CoveredSince is PeerState.CoveredSince to record, zero when the
+	// session's prefixes are not all covered.
+	CoveredSince time.Time
 }
 
 // Transition is make-before-break for BGP sessions. current are the running
@@ -106,7 +123,9 @@ type Hold struct {
 //     every prefix it gives us also comes over a desired, established
 //     session. It is removed at once when it is not established, when no
 //     desired session relays other speakers' routes (nothing could replace
-//     it: a node that left, a mesh shrinking), or after opt.Timeout.
+//     it: a node that left, a mesh shrinking), or after opt.Timeout. When
+//     it is covered, it still stays opt.Settle, so that the remote end gets
+//     our prefixes over its new sessions before this one drops at both ends.
 //   - A session whose settings changed (which needs a reset) is re-created
 //     at once when it is not established, otherwise opt.ChangeDelay after
 //     the change was first seen.
@@ -166,8 +185,23 @@ func Transition(now time.Time, current map[string]PeerState, desired []Peer, opt
 				}
 			}
 		}
-		if len(lost) == 0 || !relays || !hold(cur, opt.Timeout, "no longer desired: waiting for %d of its prefixes (%s first) to arrive over other sessions", len(lost), lost[0]) {
+		switch {
+		case !cur.Established() || !relays:
 			plan.Remove = append(plan.Remove, key)
+		case len(lost) > 0:
+			if !hold(cur, opt.Timeout, "no longer desired: waiting for %d of its prefixes (%s first) to arrive over other sessions", len(lost), lost[0]) {
+				plan.Remove = append(plan.Remove, key)
+			}
+		default:
+			coveredSince := cur.CoveredSince
+			if coveredSince.IsZero() {
+				coveredSince = now
+			}
+			if now.Sub(coveredSince) >= opt.Settle || !hold(cur, opt.Timeout, "no longer desired: its prefixes arrive over other sessions; it goes %s after they did", opt.Settle) {
+				plan.Remove = append(plan.Remove, key)
+				continue
+			}
+			plan.Held[len(plan.Held)-1].CoveredSince = coveredSince
 		}
 	}
 	sort.Slice(plan.Held, func(i, j int) bool { return plan.Held[i].Key < plan.Held[j].Key })

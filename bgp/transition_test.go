@@ -89,6 +89,14 @@ func TestTransition(t *testing.T) {
 		m[rrAt1[2].Key()] = running(rrAt1[2], t0, gives...)
 		return m
 	}
+	covered := func(m map[string]PeerState, since time.Time, keys ...string) map[string]PeerState {
+		for _, k := range keys {
+			s := m[k]
+			s.HeldSince, s.CoveredSince = t0, since
+			m[k] = s
+		}
+		return m
+	}
 	held := func(m map[string]PeerState, since time.Time, keys ...string) map[string]PeerState {
 		for _, k := range keys {
 			s := m[k]
@@ -111,11 +119,20 @@ func TestTransition(t *testing.T) {
 		{name: "mesh→RR at a client: old sessions stay until the reflector brings their routes",
 			now: later(time.Second), current: withRR(2), desired: list(rrAt1),
 			want: "add ; change ; remove ; held 10.0.0.3,10.0.0.4"},
-		{name: "mesh→RR at a client: a session goes once its routes come via the reflector",
+		{name: "mesh→RR at a client: a session whose routes come via the reflector settles first",
 			now: later(5 * time.Second), current: withRR(2, 3), desired: list(rrAt1),
+			want: "add ; change ; remove ; held 10.0.0.3,10.0.0.4"},
+		{name: "mesh→RR at a client: ...and goes after the settle time",
+			now: later(5 * time.Second), current: covered(withRR(2, 3), later(5*time.Second-DefaultSettle), "10.0.0.3"), desired: list(rrAt1),
 			want: "add ; change ; remove 10.0.0.3; held 10.0.0.4"},
-		{name: "mesh→RR at a client: all covered, all go",
-			now: later(5 * time.Second), current: withRR(2, 3, 4), desired: list(rrAt1),
+		{name: "mesh→RR at a client: not yet settled",
+			now: later(5 * time.Second), current: covered(withRR(2, 3), later(5*time.Second-DefaultSettle+time.Millisecond), "10.0.0.3"), desired: list(rrAt1),
+			want: "add ; change ; remove ; held 10.0.0.3,10.0.0.4"},
+		{name: "mesh→RR at a client: all covered and settled, all go",
+			now: later(5 * time.Second), current: covered(withRR(2, 3, 4), later(time.Second), "10.0.0.3", "10.0.0.4"), desired: list(rrAt1),
+			want: "add ; change ; remove 10.0.0.3,10.0.0.4; held "},
+		{name: "a covered session still goes at the transition timeout",
+			now: later(DefaultTransitionTimeout + time.Second), current: covered(withRR(2, 3, 4), later(DefaultTransitionTimeout), "10.0.0.3", "10.0.0.4"), desired: list(rrAt1),
 			want: "add ; change ; remove 10.0.0.3,10.0.0.4; held "},
 		{name: "mesh→RR at a client: a broken reflector keeps old sessions only until the timeout",
 			now:     later(DefaultTransitionTimeout + 2*time.Second),
@@ -149,9 +166,9 @@ func TestTransition(t *testing.T) {
 		{name: "reflector relabelled: the new one is added, the old one stays",
 			now: later(time.Second), current: map[string]PeerState{"10.0.0.2": running(rrAt1[2], t0, 2, 3, 4)}, desired: list(moved),
 			want: "add 10.0.0.3; change ; remove ; held 10.0.0.2"},
-		{name: "reflector relabelled: the old one goes once the new one reflects everything",
-			now: later(9 * time.Second), current: map[string]PeerState{
-				"10.0.0.2": running(rrAt1[2], t0, 2, 3, 4), "10.0.0.3": running(moved[3], later(5*time.Second), 2, 3, 4)},
+		{name: "reflector relabelled: the old one goes once the new one reflects everything, and it settled",
+			now: later(9 * time.Second), current: covered(map[string]PeerState{
+				"10.0.0.2": running(rrAt1[2], t0, 2, 3, 4), "10.0.0.3": running(moved[3], later(5*time.Second), 2, 3, 4)}, later(6*time.Second), "10.0.0.2"),
 			desired: list(moved),
 			want:    "add ; change ; remove 10.0.0.2; held "},
 		{name: "peer gone with no replacement: removed at once",
@@ -179,6 +196,9 @@ func TestTransition(t *testing.T) {
 				}
 				if h.For == "" {
 					t.Errorf("hold of %s says nothing", h.Key)
+				}
+				if want := tc.current[h.Key].CoveredSince; !want.IsZero() && !h.CoveredSince.Equal(want) {
+					t.Errorf("hold of %s covered since %s, want the recorded %s", h.Key, h.CoveredSince, want)
 				}
 			}
 		})
