@@ -1,0 +1,319 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Families by index: 0 is IPv4, 1 is IPv6.
+var (
+	families = [2]string{FamilyIPv4, FamilyIPv6}
+	famDigit = [2]string{"4", "6"}
+)
+
+const (
+	markSet   = "0x10000/0x10000"
+	markClear = "0x0/0x10000"
+	// jumpComment marks the one rule tabby keeps in FORWARD.
+	jumpComment = "tabby:network-policy"
+	// nsNameLabel is the label the API server puts on every Namespace.
+	nsNameLabel = "kubernetes.io/metadata.name"
+)
+
+func init() {
+	// The mark strings above are MarkAllowed and MarkMask spelled out.
+	if fmt.Sprintf("%#x/%#x", MarkAllowed, MarkMask) != markSet {
+		panic("policy: markSet does not match MarkAllowed")
+	}
+}
+
+// Compile turns Pods, Namespaces and NetworkPolicies into the ipsets and
+// iptables chains that enforce them on in.Node. It is pure and
+// deterministic: the same Input (in any order) gives the same Ruleset, with
+// every list sorted.
+func Compile(in *Input) *Ruleset {
+	if in == nil {
+		in = &Input{}
+	}
+	c := &compiler{
+		in:       in,
+		prefix:   in.HostVethPrefix,
+		nsLabels: map[string]labels.Set{},
+		byNs:     map[string][]*group{},
+		localNs:  map[string][]*group{},
+		nsSel:    map[string][]string{},
+		podSets:  map[string]*podSet{},
+		sets:     map[string]*Set{},
+		named:    map[string][]namedEntry{},
+		netMemo:  map[string]*[2][]string{},
+	}
+	if !validIfaceChars(c.prefix, 14) {
+		c.prefix = DefaultHostVethPrefix
+	}
+	c.loadNamespaces()
+	c.loadEndpoints()
+	c.loadPolicies()
+	c.selectLocal()
+	return c.emit()
+}
+
+type compiler struct {
+	in     *Input
+	prefix string
+	rs     Ruleset
+
+	nsLabels map[string]labels.Set
+	nsNames  []string // sorted: every namespace known from any input
+	eps      []*endpoint
+	byNs     map[string][]*group // every endpoint, grouped by namespace and labels
+	localNs  map[string][]*group // local endpoints only
+	locals   []*endpoint         // sorted by key
+	addrs    []string            // every pod IP, sorted as strings; endpoint.ranks index it
+	addrFam  []int               // the family of each of addrs
+	named    map[string][]namedEntry
+
+	policies []*cpolicy
+	nsSel    map[string][]string // namespace selector string -> matching namespaces
+	podSets  map[string]*podSet
+	sets     map[string]*Set
+	netMemo  map[string]*[2][]string
+	stamp    []int // per endpoint, for de-duplicating set members
+	stampGen int
+}
+
+type endpoint struct {
+	idx     int // in compiler.eps
+	key, ns string
+	pod     *corev1.Pod
+	labels  labels.Set
+	ranks   []int // indexes into compiler.addrs
+	iface   string
+	local   bool
+	in, eg  []*cpolicy // policies selecting the local pod
+}
+
+type group struct {
+	labels labels.Set
+	eps    []*endpoint
+}
+
+type namedEntry struct {
+	ranks []int
+	proto string // tcp, udp, sctp
+	port  int32
+}
+
+func (c *compiler) problem(kind, ns, name, msg string) {
+	c.rs.Problems = append(c.rs.Problems, Problem{Namespace: ns, Name: name, Message: msg, Kind: kind})
+}
+
+func (c *compiler) loadNamespaces() {
+	known := map[string]bool{}
+	for _, ns := range c.in.Namespaces {
+		if ns == nil || known[ns.Name] {
+			continue
+		}
+		known[ns.Name] = true
+		l := labels.Set{}
+		for k, v := range ns.Labels {
+			l[k] = v
+		}
+		if _, ok := l[nsNameLabel]; !ok {
+			l[nsNameLabel] = ns.Name
+		}
+		c.nsLabels[ns.Name] = l
+	}
+}
+
+// nsLabelsOf gives a namespace's labels, the automatic name label alone for
+// a namespace the input does not list.
+func (c *compiler) nsLabelsOf(ns string) labels.Set {
+	if l, ok := c.nsLabels[ns]; ok {
+		return l
+	}
+	l := labels.Set{nsNameLabel: ns}
+	c.nsLabels[ns] = l
+	return l
+}
+
+func labelKey(ns string, l map[string]string) string {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	b.WriteString(strconv.Itoa(len(ns)))
+	b.WriteByte(':')
+	b.WriteString(ns)
+	for _, k := range keys {
+		v := l[k]
+		b.WriteString(strconv.Itoa(len(k)))
+		b.WriteByte(':')
+		b.WriteString(k)
+		b.WriteString(strconv.Itoa(len(v)))
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+func (c *compiler) loadEndpoints() {
+	type raw struct {
+		ep  *Endpoint
+		key string
+	}
+	var rs []raw
+	for i := range c.in.Endpoints {
+		e := &c.in.Endpoints[i]
+		if e.Pod == nil || e.Pod.Spec.HostNetwork {
+			continue // hostNetwork pods are the node, not endpoints
+		}
+		rs = append(rs, raw{e, e.Pod.Namespace + "/" + e.Pod.Name})
+	}
+	slices.SortStableFunc(rs, func(a, b raw) int { return strings.Compare(a.key, b.key) })
+
+	type ipRef struct {
+		a  netip.Addr
+		ep int
+	}
+	var ips []ipRef
+	ifaces := map[string]string{}
+	groups := map[string]*group{}
+	for _, r := range rs {
+		if len(c.eps) > 0 && c.eps[len(c.eps)-1].key == r.key {
+			continue // a duplicate: the first one wins
+		}
+		pod := r.ep.Pod
+		ep := &endpoint{idx: len(c.eps), key: r.key, ns: pod.Namespace, labels: labels.Set(pod.Labels), pod: pod}
+		idx := len(c.eps)
+		c.eps = append(c.eps, ep)
+		seen := map[netip.Addr]bool{}
+		for _, a := range r.ep.IPs {
+			a = a.Unmap().WithZone("")
+			if !a.IsValid() || a.IsUnspecified() || seen[a] {
+				continue
+			}
+			seen[a] = true
+			ips = append(ips, ipRef{a, idx})
+		}
+		if r.ep.HostIface != "" {
+			switch other, dup := ifaces[r.ep.HostIface]; {
+			case !validIfaceChars(r.ep.HostIface, 15) || r.ep.HostIface == "." || r.ep.HostIface == ".." || !strings.HasPrefix(r.ep.HostIface, c.prefix) ||
+				c.excludeDevices() && strings.HasPrefix(r.ep.HostIface, DeviceIfacePrefix):
+				c.problem(KindPod, pod.Namespace, pod.Name, fmt.Sprintf(
+					"host interface %q is not a pod veth name (%q and up to %d of [A-Za-z0-9_.-], not %q…): the pod's traffic is not policed until its endpoint names its host veth correctly",
+					r.ep.HostIface, c.prefix, 15-len(c.prefix), DeviceIfacePrefix))
+			case dup:
+				c.problem(KindPod, pod.Namespace, pod.Name, fmt.Sprintf(
+					"host interface %q is also the interface of pod %s: the pod is not programmed until only one local pod has it (a stale endpoint?)",
+					r.ep.HostIface, other))
+			default:
+				ifaces[r.ep.HostIface] = r.key
+				ep.iface = r.ep.HostIface
+				ep.local = true
+				c.locals = append(c.locals, ep)
+			}
+		}
+		gk := labelKey(ep.ns, ep.labels)
+		g := groups[gk]
+		if g == nil {
+			g = &group{labels: ep.labels}
+			groups[gk] = g
+			c.byNs[ep.ns] = append(c.byNs[ep.ns], g)
+		}
+		g.eps = append(g.eps, ep)
+		if ep.local {
+			lk := "L" + gk
+			lg := groups[lk]
+			if lg == nil {
+				lg = &group{labels: ep.labels}
+				groups[lk] = lg
+				c.localNs[ep.ns] = append(c.localNs[ep.ns], lg)
+			}
+			lg.eps = append(lg.eps, ep)
+		}
+		c.nsLabelsOf(ep.ns)
+	}
+
+	// Addresses sorted once, as strings; sets hold ranks, so their
+	// members come out sorted by sorting integers.
+	type ipStr struct {
+		s   string
+		fam int
+		ep  int
+	}
+	strs := make([]ipStr, len(ips))
+	for i, r := range ips {
+		fam := 0
+		if r.a.Is6() {
+			fam = 1
+		}
+		strs[i] = ipStr{r.a.String(), fam, r.ep}
+	}
+	slices.SortFunc(strs, func(a, b ipStr) int {
+		if c := strings.Compare(a.s, b.s); c != 0 {
+			return c
+		}
+		return a.ep - b.ep
+	})
+	for _, r := range strs {
+		if n := len(c.addrs); n == 0 || c.addrs[n-1] != r.s {
+			c.addrs = append(c.addrs, r.s)
+			c.addrFam = append(c.addrFam, r.fam)
+		}
+		ep := c.eps[r.ep]
+		ep.ranks = append(ep.ranks, len(c.addrs)-1)
+	}
+	c.stamp = make([]int, len(c.eps))
+
+	// Named ports: the first port of a name and protocol in the pod's
+	// containers, then its sidecars, as Kubernetes resolves them.
+	for _, ep := range c.eps {
+		if len(ep.ranks) == 0 {
+			continue
+		}
+		seen := map[string]bool{}
+		add := func(ports []corev1.ContainerPort) {
+			for _, p := range ports {
+				if p.Name == "" || p.ContainerPort < 1 || p.ContainerPort > 65535 {
+					continue
+				}
+				proto, ok := protoName(p.Protocol)
+				if !ok || seen[p.Name+"/"+proto] {
+					continue
+				}
+				seen[p.Name+"/"+proto] = true
+				c.named[p.Name] = append(c.named[p.Name], namedEntry{ranks: ep.ranks, proto: proto, port: p.ContainerPort})
+			}
+		}
+		for _, ct := range ep.pod.Spec.Containers {
+			add(ct.Ports)
+		}
+		for _, ct := range ep.pod.Spec.InitContainers {
+			if ct.RestartPolicy != nil && *ct.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+				add(ct.Ports)
+			}
+		}
+	}
+}
+
+// protoName is the iptables and ipset name of a protocol; "" is TCP.
+func protoName(p corev1.Protocol) (string, bool) {
+	switch p {
+	case "", corev1.ProtocolTCP:
+		return "tcp", true
+	case corev1.ProtocolUDP:
+		return "udp", true
+	case corev1.ProtocolSCTP:
+		return "sctp", true
+	}
+	return "", false
+}

@@ -1,0 +1,456 @@
+package policy
+
+import (
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// selectLocal finds, for every local pod, the policies selecting it.
+// Policies are sorted, so each pod's lists are too.
+func (c *compiler) selectLocal() {
+	for _, p := range c.policies {
+		for _, g := range c.localNs[p.ns] {
+			if !p.sel.Matches(g.labels) {
+				continue
+			}
+			for _, ep := range g.eps {
+				if p.ingress {
+					ep.in = append(ep.in, p)
+					p.used[0] = true
+				}
+				if p.egress {
+					ep.eg = append(ep.eg, p)
+					p.used[1] = true
+				}
+			}
+		}
+	}
+}
+
+func (p *cpolicy) chain(dir int) string {
+	if dir == 0 {
+		return chainName(kindPolicyIngress, p.key)
+	}
+	return chainName(kindPolicyEgress, p.key)
+}
+
+type signature struct {
+	name string
+	dir  int
+	pols []*cpolicy
+}
+
+func (c *compiler) emit() *Ruleset {
+	pre := c.prefix + "+"
+	dev := "" // tabby's own devices, when the veth prefix covers them
+	if c.excludeDevices() {
+		dev = DeviceIfacePrefix + "+"
+	}
+	sigs := map[string]*signature{}
+	sigOf := func(dir int, pols []*cpolicy) string {
+		keys := make([]string, len(pols))
+		for i, p := range pols {
+			keys[i] = p.key
+		}
+		kind := kindPodIngress
+		if dir == 1 {
+			kind = kindPodEgress
+		}
+		name := chainName(kind, keys...)
+		if sigs[name] == nil {
+			sigs[name] = &signature{name: name, dir: dir, pols: pols}
+		}
+		return name
+	}
+	var from, to [][]string
+	for _, ep := range c.locals {
+		cm := []string{"-m", "comment", "--comment", comment(ep.key)}
+		switch {
+		case len(ep.eg) > 0:
+			from = append(from, cat([]string{"-i", ep.iface}, cm, []string{"-g", sigOf(1, ep.eg)}))
+		case c.in.DenyUnlisted:
+			from = append(from, cat([]string{"-i", ep.iface}, cm, []string{"-j", "RETURN"}))
+		}
+		switch {
+		case len(ep.in) > 0:
+			to = append(to, cat([]string{"-o", ep.iface}, cm, []string{"-g", sigOf(0, ep.in)}))
+		case c.in.DenyUnlisted:
+			to = append(to, cat([]string{"-o", ep.iface}, cm, []string{"-j", "RETURN"}))
+		}
+		c.rs.Programmed = append(c.rs.Programmed, ep.key)
+	}
+	if c.in.DenyUnlisted {
+		if dev != "" {
+			from = append(from, []string{"-i", dev, "-j", "RETURN"})
+			to = append(to, []string{"-o", dev, "-j", "RETURN"})
+		}
+		from = append(from, []string{"-j", "DROP"})
+		to = append(to, []string{"-j", "DROP"})
+	}
+
+	sigNames := make([]string, 0, len(sigs))
+	for n := range sigs {
+		sigNames = append(sigNames, n)
+	}
+	sort.Strings(sigNames)
+
+	for fam, family := range families {
+		add := func(name string, rules [][]string) {
+			c.rs.Chains = append(c.rs.Chains, Chain{Name: name, Family: family, Rules: rules})
+		}
+		if dev != "" {
+			add(ChainForward, [][]string{
+				{"-i", dev, "-o", dev, "-j", "RETURN"},
+				{"-i", dev, "-o", pre, "-j", ChainPod},
+				{"-i", dev, "-j", "RETURN"},
+				{"-i", pre, "-j", ChainPod},
+				{"-o", dev, "-j", "RETURN"},
+				{"-o", pre, "-j", ChainPod},
+			})
+		} else {
+			add(ChainForward, [][]string{
+				{"-i", pre, "-j", ChainPod},
+				{"-o", pre, "-j", ChainPod},
+			})
+		}
+		add(ChainPod, [][]string{
+			{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
+			{"-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"},
+			{"-i", pre, "-j", ChainFromPod},
+			{"-o", pre, "-j", ChainToPod},
+			{"-j", "MARK", "--set-xmark", markClear},
+			{"-j", "ACCEPT"},
+		})
+		add(ChainFromPod, from)
+		add(ChainToPod, to)
+		for _, n := range sigNames {
+			s := sigs[n]
+			rules := [][]string{{"-j", "MARK", "--set-xmark", markClear}}
+			for _, p := range s.pols {
+				rules = append(rules,
+					[]string{"-m", "comment", "--comment", comment(p.key), "-j", p.chain(s.dir)},
+					[]string{"-m", "mark", "--mark", markSet, "-j", "RETURN"})
+			}
+			rules = append(rules, []string{"-j", "DROP"})
+			add(n, rules)
+		}
+		for _, p := range c.policies {
+			if p.used[0] {
+				add(p.chain(0), c.policyRules(p.in, "src", fam))
+			}
+			if p.used[1] {
+				add(p.chain(1), c.policyRules(p.eg, "dst", fam))
+			}
+		}
+	}
+	// Names are unique within a family.
+	slices.SortFunc(c.rs.Chains, func(a, b Chain) int {
+		if c := strings.Compare(a.Family, b.Family); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+
+	for _, s := range c.sets {
+		c.rs.Sets = append(c.rs.Sets, *s)
+	}
+	slices.SortFunc(c.rs.Sets, func(a, b Set) int { return strings.Compare(a.Name, b.Name) })
+
+	c.rs.Jumps = []Jump{{Chain: "FORWARD", Rule: []string{"-m", "comment", "--comment", jumpComment, "-j", ChainForward}}}
+
+	sort.SliceStable(c.rs.Problems, func(i, j int) bool {
+		a, b := c.rs.Problems[i], c.rs.Problems[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		if a.Name != b.Name {
+			return a.Name < b.Name
+		}
+		if a.Kind != b.Kind {
+			return a.Kind < b.Kind
+		}
+		return a.Message < b.Message
+	})
+	rs := c.rs
+	return &rs
+}
+
+// excludeDevices says whether names with the veth prefix may be tabby's
+// own devices.
+func (c *compiler) excludeDevices() bool {
+	return len(c.prefix) < len(DeviceIfacePrefix) && strings.HasPrefix(DeviceIfacePrefix, c.prefix)
+}
+
+func cat(parts ...[]string) []string {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	out := make([]string, 0, n)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+var markRule = []string{"-j", "MARK", "--set-xmark", markSet}
+
+// policyRules are the rules of one policy chain in one family; dir is
+// "src" (ingress: the peer is the source) or "dst" (egress).
+func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
+	out := [][]string{}
+	for _, r := range rules {
+		var peers [][]string
+		if r.allPeers {
+			peers = [][]string{nil}
+		} else {
+			if r.podKey != "" {
+				peers = append(peers, []string{"-m", "set", "--match-set", c.podSet(r, fam), dir})
+			}
+			if nets := c.ruleNets(r); len(nets[fam]) > 0 {
+				peers = append(peers, []string{"-m", "set", "--match-set", c.netSet(nets[fam], fam), dir})
+			}
+		}
+		if len(peers) == 0 {
+			continue // every peer is of the other family
+		}
+		for _, pm := range c.portMatches(r, fam) {
+			for _, pe := range peers {
+				out = append(out, cat(pm, pe, markRule))
+			}
+		}
+	}
+	return out
+}
+
+// portMatches are the alternatives of a rule's ports: {nil} for any port.
+func (c *compiler) portMatches(r *crule, fam int) [][]string {
+	if r.allPorts {
+		return [][]string{nil}
+	}
+	var out [][]string
+	for _, proto := range []string{"tcp", "udp", "sctp"} {
+		all := false
+		var ranges [][2]int32
+		var names []string
+		for _, p := range r.ports {
+			if p.proto != proto {
+				continue
+			}
+			switch {
+			case p.all:
+				all = true
+			case p.name != "":
+				names = append(names, p.name)
+			default:
+				ranges = append(ranges, [2]int32{p.lo, p.hi})
+			}
+		}
+		if all {
+			out = append(out, []string{"-p", proto})
+			continue
+		}
+		out = append(out, portRanges(proto, mergeRanges(ranges))...)
+		slices.Sort(names)
+		for _, n := range slices.Compact(names) {
+			out = append(out, []string{"-p", proto, "-m", "set", "--match-set", c.namedSet(n, fam), "dst,dst"})
+		}
+	}
+	return out
+}
+
+func mergeRanges(in [][2]int32) [][2]int32 {
+	if len(in) == 0 {
+		return nil
+	}
+	slices.SortFunc(in, func(a, b [2]int32) int {
+		if a[0] != b[0] {
+			return int(a[0] - b[0])
+		}
+		return int(a[1] - b[1])
+	})
+	out := [][2]int32{in[0]}
+	for _, r := range in[1:] {
+		last := &out[len(out)-1]
+		if r[0] <= last[1]+1 {
+			last[1] = max(last[1], r[1])
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// multiportSlots is how many ports one multiport match takes (a range
+// counts two).
+const multiportSlots = 15
+
+func portRanges(proto string, ranges [][2]int32) [][]string {
+	str := func(r [2]int32) string {
+		if r[0] == r[1] {
+			return strconv.Itoa(int(r[0]))
+		}
+		return strconv.Itoa(int(r[0])) + ":" + strconv.Itoa(int(r[1]))
+	}
+	var out [][]string
+	for len(ranges) > 0 {
+		n, slots := 0, 0
+		for n < len(ranges) {
+			s := 1
+			if ranges[n][0] != ranges[n][1] {
+				s = 2
+			}
+			if slots+s > multiportSlots {
+				break
+			}
+			slots += s
+			n++
+		}
+		chunk := ranges[:n]
+		ranges = ranges[n:]
+		if len(chunk) == 1 {
+			out = append(out, []string{"-p", proto, "-m", proto, "--dport", str(chunk[0])})
+			continue
+		}
+		ps := make([]string, len(chunk))
+		for i, r := range chunk {
+			ps[i] = str(r)
+		}
+		out = append(out, []string{"-p", proto, "-m", "multiport", "--dports", strings.Join(ps, ",")})
+	}
+	return out
+}
+
+// podSet names the hash:ip set of a rule's selector peers in one family,
+// computing the members of both families the first time.
+func (c *compiler) podSet(r *crule, fam int) string {
+	ps := c.podSets[r.podKey]
+	if ps == nil {
+		ps = &podSet{}
+		c.podSets[r.podKey] = ps
+		members := c.podMembers(r.podPeers)
+		for f := range families {
+			ps.names[f] = setName(setKindPods, f, r.podKey)
+			c.sets[ps.names[f]] = &Set{Name: ps.names[f], Type: SetHashIP, Family: families[f], Members: members[f]}
+		}
+	}
+	return ps.names[fam]
+}
+
+type podSet struct{ names [2]string }
+
+func (c *compiler) podMembers(peers []podPeer) [2][]string {
+	var ranks []int
+	c.stampGen++
+	for _, x := range peers {
+		nss := []string{x.ns}
+		if x.nsSel != nil {
+			nss = c.matchNamespaces(x)
+		}
+		for _, ns := range nss {
+			for _, g := range c.byNs[ns] {
+				if !x.podSel.Matches(g.labels) {
+					continue
+				}
+				for _, ep := range g.eps {
+					if c.stamp[ep.idx] == c.stampGen {
+						continue
+					}
+					c.stamp[ep.idx] = c.stampGen
+					ranks = append(ranks, ep.ranks...)
+				}
+			}
+		}
+	}
+	slices.Sort(ranks)
+	ranks = slices.Compact(ranks)
+	var out [2][]string
+	for _, r := range ranks {
+		f := c.addrFam[r]
+		out[f] = append(out[f], c.addrs[r])
+	}
+	return out
+}
+
+func (c *compiler) matchNamespaces(x podPeer) []string {
+	if nss, ok := c.nsSel[x.nsKey]; ok {
+		return nss
+	}
+	if c.nsNames == nil {
+		c.nsNames = make([]string, 0, len(c.nsLabels))
+		for n := range c.nsLabels {
+			c.nsNames = append(c.nsNames, n)
+		}
+		sort.Strings(c.nsNames)
+	}
+	nss := []string{}
+	for _, n := range c.nsNames {
+		if x.nsSel.Matches(c.nsLabels[n]) {
+			nss = append(nss, n)
+		}
+	}
+	c.nsSel[x.nsKey] = nss
+	return nss
+}
+
+// ruleNets gives the exact CIDRs of a rule's ipBlocks, computed once per
+// distinct list of blocks.
+func (c *compiler) ruleNets(r *crule) *[2][]string {
+	if r.nets != nil || len(r.blocks) == 0 {
+		if r.nets == nil {
+			r.nets = &[2][]string{}
+		}
+		return r.nets
+	}
+	var b strings.Builder
+	for _, x := range r.blocks {
+		b.WriteString(x.cidr.String())
+		for _, e := range x.except {
+			b.WriteByte(' ')
+			b.WriteString(e.String())
+		}
+		b.WriteByte(';')
+	}
+	key := b.String()
+	if n, ok := c.netMemo[key]; ok {
+		r.nets = n
+		return n
+	}
+	n := &[2][]string{}
+	n[0], n[1] = netMembers(r.blocks)
+	c.netMemo[key] = n
+	r.nets = n
+	return n
+}
+
+// netSet names the hash:net set holding exactly these CIDRs.
+func (c *compiler) netSet(members []string, fam int) string {
+	name := setName(setKindNets, fam, members...)
+	if c.sets[name] == nil {
+		c.sets[name] = &Set{Name: name, Type: SetHashNet, Family: families[fam], Members: members}
+	}
+	return name
+}
+
+// namedSet names the hash:ip,port set of every pod's address and port of
+// one port name (all protocols: the rule's -p picks one).
+func (c *compiler) namedSet(port string, fam int) string {
+	name := setName(setKindNamed, fam, port)
+	if c.sets[name] == nil {
+		var m []string
+		for _, e := range c.named[port] {
+			suffix := "," + e.proto + ":" + strconv.Itoa(int(e.port))
+			for _, r := range e.ranks {
+				if c.addrFam[r] == fam {
+					m = append(m, c.addrs[r]+suffix)
+				}
+			}
+		}
+		slices.Sort(m)
+		m = slices.Compact(m)
+		c.sets[name] = &Set{Name: name, Type: SetHashIPPort, Family: families[fam], Members: m}
+	}
+	return name
+}

@@ -1,0 +1,313 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// cpolicy is a NetworkPolicy checked and ready to emit.
+type cpolicy struct {
+	ns, name, key string
+	sel           labels.Selector
+	ingress       bool
+	egress        bool
+	in, eg        []*crule // the valid rules of the directions in effect
+	used          [2]bool  // selects a local pod in ingress, egress
+}
+
+// crule is one ingress or egress rule.
+type crule struct {
+	allPeers bool
+	podKey   string    // "" when the rule has no selector peers
+	podPeers []podPeer // sorted by key
+	blocks   []ipBlock
+	nets     *[2][]string // hash:net members per family, exact; computed when emitted
+	allPorts bool
+	ports    []portSpec
+}
+
+type podPeer struct {
+	key    string
+	ns     string          // the policy's namespace when nsSel is nil
+	nsSel  labels.Selector // nil: only ns
+	nsKey  string
+	podSel labels.Selector // never nil
+}
+
+type ipBlock struct {
+	cidr   netip.Prefix
+	except []netip.Prefix
+}
+
+type portSpec struct {
+	proto  string // tcp, udp, sctp
+	all    bool   // every port of proto
+	lo, hi int32  // numeric, hi == lo for one port
+	name   string // a named port
+}
+
+func (c *compiler) loadPolicies() {
+	type raw struct {
+		p   *networkingv1.NetworkPolicy
+		key string
+	}
+	var rs []raw
+	for _, p := range c.in.Policies {
+		if p == nil {
+			continue
+		}
+		rs = append(rs, raw{p, p.Namespace + "/" + p.Name})
+	}
+	slices.SortStableFunc(rs, func(a, b raw) int { return strings.Compare(a.key, b.key) })
+	for i, r := range rs {
+		if i > 0 && rs[i-1].key == r.key {
+			continue
+		}
+		if cp := c.checkPolicy(r.p); cp != nil {
+			c.policies = append(c.policies, cp)
+		}
+	}
+}
+
+// checkPolicy validates a policy as the API server would and compiles what
+// is valid; it reports the rest.
+func (c *compiler) checkPolicy(p *networkingv1.NetworkPolicy) *cpolicy {
+	report := func(msgs []string, consequence string) {
+		c.problem(KindNetworkPolicy, p.Namespace, p.Name, strings.Join(msgs, "; ")+": "+consequence)
+	}
+	if p.Namespace == "" {
+		report([]string{"metadata.namespace is empty"}, "the policy is not enforced; create it in a namespace")
+		return nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+	if err != nil {
+		report([]string{"spec.podSelector: " + err.Error()}, "the policy is not enforced until spec.podSelector is fixed")
+		return nil
+	}
+	cp := &cpolicy{ns: p.Namespace, name: p.Name, key: p.Namespace + "/" + p.Name, sel: sel}
+
+	var msgs []string
+	if len(p.Spec.PolicyTypes) > 2 {
+		msgs = append(msgs, "spec.policyTypes: may not list more than two policyTypes")
+	}
+	for i, t := range p.Spec.PolicyTypes {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			cp.ingress = true
+		case networkingv1.PolicyTypeEgress:
+			cp.egress = true
+		default:
+			msgs = append(msgs, fmt.Sprintf("spec.policyTypes[%d]: %q is not Ingress or Egress", i, t))
+		}
+	}
+	if !cp.ingress && !cp.egress {
+		// No (valid) policyTypes: Ingress always, Egress when there are
+		// egress rules, as the API defaults them.
+		cp.ingress = true
+		cp.egress = len(p.Spec.Egress) > 0
+	}
+	if len(msgs) > 0 {
+		report(msgs, fmt.Sprintf("the policy is enforced for %s", strings.Join(cp.types(), " and ")))
+	}
+
+	var bad []string
+	if cp.ingress {
+		for i, r := range p.Spec.Ingress {
+			path := fmt.Sprintf("spec.ingress[%d]", i)
+			cr, errs := c.checkRule(p.Namespace, path, "from", r.From, r.Ports)
+			if len(errs) > 0 {
+				msgs := append(errs, path+" allows nothing until fixed (the policy's other rules are enforced)")
+				bad = append(bad, msgs...)
+				continue
+			}
+			cp.in = append(cp.in, cr)
+		}
+	}
+	if cp.egress {
+		for i, r := range p.Spec.Egress {
+			path := fmt.Sprintf("spec.egress[%d]", i)
+			cr, errs := c.checkRule(p.Namespace, path, "to", r.To, r.Ports)
+			if len(errs) > 0 {
+				msgs := append(errs, path+" allows nothing until fixed (the policy's other rules are enforced)")
+				bad = append(bad, msgs...)
+				continue
+			}
+			cp.eg = append(cp.eg, cr)
+		}
+	}
+	if len(bad) > 0 {
+		c.problem(KindNetworkPolicy, p.Namespace, p.Name, strings.Join(bad, "; "))
+	}
+	return cp
+}
+
+func (p *cpolicy) types() []string {
+	var t []string
+	if p.ingress {
+		t = append(t, "Ingress")
+	}
+	if p.egress {
+		t = append(t, "Egress")
+	}
+	return t
+}
+
+func (c *compiler) checkRule(ns, path, peerField string, peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort) (*crule, []string) {
+	cr := &crule{allPeers: len(peers) == 0, allPorts: len(ports) == 0}
+	var errs []string
+	seenPeer := map[string]bool{}
+	for i, peer := range peers {
+		pp := fmt.Sprintf("%s.%s[%d]", path, peerField, i)
+		n := 0
+		if peer.PodSelector != nil {
+			n++
+		}
+		if peer.NamespaceSelector != nil {
+			n++
+		}
+		if peer.IPBlock != nil {
+			n++
+		}
+		switch {
+		case n == 0:
+			errs = append(errs, pp+": must specify a peer (podSelector, namespaceSelector or ipBlock)")
+			continue
+		case n > 1 && peer.IPBlock != nil:
+			errs = append(errs, pp+": may not specify both ipBlock and another peer")
+			continue
+		}
+		if peer.IPBlock != nil {
+			b, e := checkIPBlock(pp+".ipBlock", peer.IPBlock)
+			errs = append(errs, e...)
+			if len(e) == 0 {
+				cr.blocks = append(cr.blocks, b)
+			}
+			continue
+		}
+		x := podPeer{ns: ns, podSel: labels.Everything()}
+		var podKey string
+		if peer.PodSelector != nil {
+			s, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+			if err != nil {
+				errs = append(errs, pp+".podSelector: "+err.Error())
+				continue
+			}
+			x.podSel, podKey = s, s.String()
+		}
+		if peer.NamespaceSelector != nil {
+			s, err := metav1.LabelSelectorAsSelector(peer.NamespaceSelector)
+			if err != nil {
+				errs = append(errs, pp+".namespaceSelector: "+err.Error())
+				continue
+			}
+			x.nsSel, x.nsKey, x.ns = s, s.String(), ""
+			x.key = "nssel\x00" + x.nsKey + "\x00pods\x00" + podKey
+		} else {
+			x.key = "ns\x00" + ns + "\x00pods\x00" + podKey
+		}
+		if !seenPeer[x.key] {
+			seenPeer[x.key] = true
+			cr.podPeers = append(cr.podPeers, x)
+		}
+	}
+	for i, port := range ports {
+		ps, e := checkPort(fmt.Sprintf("%s.ports[%d]", path, i), port)
+		errs = append(errs, e...)
+		if len(e) == 0 {
+			cr.ports = append(cr.ports, ps)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	if len(cr.podPeers) > 0 {
+		slices.SortFunc(cr.podPeers, func(a, b podPeer) int { return strings.Compare(a.key, b.key) })
+		keys := make([]string, len(cr.podPeers))
+		for i, x := range cr.podPeers {
+			keys[i] = x.key
+		}
+		cr.podKey = strings.Join(keys, "\x01")
+	}
+	return cr, nil
+}
+
+func checkIPBlock(path string, b *networkingv1.IPBlock) (ipBlock, []string) {
+	var errs []string
+	if b.CIDR == "" {
+		return ipBlock{}, []string{path + ".cidr: required, e.g. 10.0.0.0/8"}
+	}
+	cidr, ok := parseCIDR(b.CIDR)
+	if !ok {
+		return ipBlock{}, []string{fmt.Sprintf("%s.cidr: %q is not a CIDR such as 10.0.0.0/8 or fd00::/64", path, b.CIDR)}
+	}
+	out := ipBlock{cidr: cidr}
+	for i, e := range b.Except {
+		ep := fmt.Sprintf("%s.except[%d]", path, i)
+		x, ok := parseCIDR(e)
+		if !ok {
+			errs = append(errs, fmt.Sprintf("%s: %q is not a CIDR such as 10.1.0.0/16", ep, e))
+			continue
+		}
+		if x.Addr().Is4() != cidr.Addr().Is4() || !cidr.Contains(x.Addr()) || x.Bits() <= cidr.Bits() {
+			errs = append(errs, fmt.Sprintf("%s: %q must be a strict subset of cidr %q", ep, e, b.CIDR))
+			continue
+		}
+		out.except = append(out.except, x)
+	}
+	return out, errs
+}
+
+func checkPort(path string, p networkingv1.NetworkPolicyPort) (portSpec, []string) {
+	var errs []string
+	var ps portSpec
+	proto := corev1.ProtocolTCP
+	if p.Protocol != nil {
+		proto = *p.Protocol
+	}
+	name, ok := protoName(proto)
+	if !ok || proto == "" {
+		errs = append(errs, fmt.Sprintf("%s.protocol: %q is not TCP, UDP or SCTP", path, proto))
+	}
+	ps.proto = name
+	switch {
+	case p.Port == nil:
+		ps.all = true
+		if p.EndPort != nil {
+			errs = append(errs, path+".endPort: may not be specified when port is not specified")
+		}
+	case p.Port.Type == intstr.Int:
+		ps.lo, ps.hi = p.Port.IntVal, p.Port.IntVal
+		for _, m := range validation.IsValidPortNum(int(p.Port.IntVal)) {
+			errs = append(errs, fmt.Sprintf("%s.port: %d: %s", path, p.Port.IntVal, m))
+		}
+		if p.EndPort != nil {
+			ps.hi = *p.EndPort
+			if *p.EndPort < p.Port.IntVal {
+				errs = append(errs, fmt.Sprintf("%s.endPort: %d must be greater than or equal to port %d", path, *p.EndPort, p.Port.IntVal))
+			}
+			for _, m := range validation.IsValidPortNum(int(*p.EndPort)) {
+				errs = append(errs, fmt.Sprintf("%s.endPort: %d: %s", path, *p.EndPort, m))
+			}
+		}
+	case p.Port.Type == intstr.String:
+		ps.name = p.Port.StrVal
+		for _, m := range validation.IsValidPortName(p.Port.StrVal) {
+			errs = append(errs, fmt.Sprintf("%s.port: %q is not a port number or a valid port name: %s", path, p.Port.StrVal, m))
+		}
+		if p.EndPort != nil {
+			errs = append(errs, fmt.Sprintf("%s.endPort: may not be specified when port is a name (%q)", path, p.Port.StrVal))
+		}
+	default:
+		errs = append(errs, fmt.Sprintf("%s.port: neither a number nor a name", path))
+	}
+	return ps, errs
+}

@@ -1,0 +1,292 @@
+// Package policy compiles Kubernetes NetworkPolicies into what tabbyd
+// programs into the kernel: ipsets and iptables chains in the filter table.
+//
+// The compiler (Compile) is a pure function: Pods, Namespaces and
+// NetworkPolicies in, a Ruleset out. The applier (package policy/apply)
+// makes the kernel match a Ruleset; it owns only sets named tabby-np-… and
+// chains named TABBY-NP-…, and touches the built-in chains only through the
+// Jumps of a Ruleset.
+//
+// Where policy applies: to forwarded traffic in from or out to a local
+// pod's veth — pod to pod on one node (the source's egress and the
+// destination's ingress both apply), a local pod to anywhere else (its
+// egress), anywhere else to a local pod (its ingress; a remote source's own
+// egress is its node's business). Traffic the node itself sends to its pods
+// (kubelet probes) goes through OUTPUT and traffic pods send to their own
+// node's addresses through INPUT: neither is touched, as Kubernetes
+// expects ("traffic to and from the node where a Pod is running is always
+// allowed"). Replies of accepted connections pass (conntrack).
+package policy
+
+import (
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// Names every set and chain tabby owns starts with.
+const (
+	SetPrefix   = "tabby-np-"
+	ChainPrefix = "TABBY-"
+	// PolicyChainPrefix starts the name of every chain a Ruleset holds
+	// (it starts with ChainPrefix): the applier may delete any chain of the
+	// filter table with this prefix that the Ruleset does not list, and must
+	// leave other TABBY- chains (routing's) alone.
+	PolicyChainPrefix = ChainPrefix + "NP-"
+)
+
+// DefaultHostVethPrefix starts the name of every host-side veth tabby's CNI
+// plugin creates; it is plugin.HostVethPrefix, repeated here so the pure
+// compiler does not import the plugin. Input.HostVethPrefix overrides it.
+const DefaultHostVethPrefix = "tab"
+
+// DeviceIfacePrefix starts the names of tabby's own devices (tabby.vxlan),
+// which also start with DefaultHostVethPrefix but are no pod's veth (a veth
+// is "tab" and 11 hex digits, never "tabby…"): the rules treat them as
+// any other non-pod interface, and no Endpoint may use such a HostIface.
+const DeviceIfacePrefix = "tabby"
+
+// Address families, as ipset names them (Set.Family, Chain.Family).
+const (
+	FamilyIPv4 = "inet"
+	FamilyIPv6 = "inet6"
+)
+
+// The one packet mark bit the rules use: a policy chain sets it when one of
+// its rules allows the packet, the per-pod chain tests it, and
+// TABBY-NP-POD clears it again before accepting, so nothing else sees it.
+// The rules only ever touch this bit (--set-xmark value/MarkMask).
+const (
+	MarkAllowed = 0x10000
+	// MarkMask is the mask every tabby mark match or set uses.
+	MarkMask = MarkAllowed
+)
+
+// The fixed chains of a Ruleset (both families). Hashed chain names are
+// PolicyChainPrefix + "E-", "I-", "PE-" or "PI-" and 14 base32 characters.
+const (
+	// ChainForward is the only chain jumped to from a built-in chain
+	// (FORWARD). It sends traffic in from or out to a pod veth
+	// (-i/-o HostVethPrefix+ but not DeviceIfacePrefix+) to ChainPod and
+	// returns everything else.
+	ChainForward = PolicyChainPrefix + "FORWARD"
+	// ChainPod accepts RELATED,ESTABLISHED, drops INVALID, runs the
+	// source pod's egress (ChainFromPod, when in from a pod veth) and the
+	// destination pod's ingress (ChainToPod, when out to a pod veth), each
+	// of which drops what its policies deny, then clears MarkAllowed and
+	// ACCEPTs.
+	ChainPod = PolicyChainPrefix + "POD"
+	// ChainFromPod dispatches on -i: one rule per local pod selected by an
+	// egress policy, "-i <veth> -g TABBY-NP-E-<hash>".
+	ChainFromPod = PolicyChainPrefix + "FROM-POD"
+	// ChainToPod dispatches on -o: "-o <veth> -g TABBY-NP-I-<hash>".
+	ChainToPod = PolicyChainPrefix + "TO-POD"
+)
+
+// Input is everything the compiler reads.
+type Input struct {
+	// Node is the name of the node being programmed: only its endpoints
+	// (Endpoint.HostIface set) get chains.
+	Node       string
+	Namespaces []*corev1.Namespace
+	// Endpoints are the pods of the whole cluster that have addresses,
+	// local and remote: a policy's peers may be anywhere.
+	Endpoints []Endpoint
+	Policies  []*networkingv1.NetworkPolicy
+
+	// HostVethPrefix is the prefix of the host-side veth names of local
+	// pods; "" means DefaultHostVethPrefix. Only traffic in from or out to
+	// an interface with this prefix is looked at. A prefix that is not 1-14
+	// of [A-Za-z0-9_.-] is replaced by DefaultHostVethPrefix.
+	HostVethPrefix string
+	// DenyUnlisted drops traffic in from or out to a host veth with the
+	// prefix that is no local Endpoint's HostIface, so a pod the Ruleset
+	// does not know yet is default-denied rather than open. Off, such
+	// traffic is accepted as for a pod no policy selects.
+	DenyUnlisted bool
+}
+
+// Endpoint is a pod with its addresses.
+type Endpoint struct {
+	// Pod gives namespace, labels and containerPorts (named ports).
+	Pod *corev1.Pod
+	// IPs of the pod: from IPAM as soon as they are allocated, or from
+	// status.podIPs.
+	IPs []netip.Addr
+	// HostIface is the host side of the pod's veth when the pod runs on
+	// Input.Node, "" for a pod elsewhere. It must start with the host veth
+	// prefix and be a valid interface name, or the pod is reported in
+	// Problems and not programmed.
+	HostIface string
+}
+
+// Ruleset is the whole desired state of the filter table and the ipsets.
+//
+// Families: every chain is listed once per family (Chain.Family), with the
+// same name in both; the rules differ only in the sets they name, which are
+// per family (Set.Family; a set's name says its family). The applier loads
+// ChainsFor(FamilyIPv4) with iptables-restore and ChainsFor(FamilyIPv6) with
+// ip6tables-restore, creates SetsFor(family) in ipset, and puts the same
+// Jumps in both tables. Rule content never depends on which pods carry
+// which labels, only on policies and on which local pods they select: pod
+// churn elsewhere only changes set members.
+//
+// Layout (filter table, both families):
+//
+//	FORWARD          -m comment --comment tabby:network-policy -j TABBY-NP-FORWARD   (the one Jump)
+//	TABBY-NP-FORWARD -i tabby+ -o tabby+ -j RETURN      (tabby's own devices, tabby.vxlan,
+//	                 -i tabby+ -o tab+ -j TABBY-NP-POD  are not pod veths; these three and
+//	                 -i tabby+ -j RETURN                the "-o tabby+ -j RETURN" are left out
+//	                 -i tab+ -j TABBY-NP-POD            when the veth prefix is not "tab")
+//	                 -o tabby+ -j RETURN
+//	                 -o tab+ -j TABBY-NP-POD
+//	                 (everything else returns to FORWARD untouched)
+//	TABBY-NP-POD     -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+//	                 -m conntrack --ctstate INVALID -j DROP
+//	                 -i tab+ -j TABBY-NP-FROM-POD     (drops what egress denies)
+//	                 -o tab+ -j TABBY-NP-TO-POD       (drops what ingress denies)
+//	                 -j MARK --set-xmark 0x0/0x10000
+//	                 -j ACCEPT
+//	TABBY-NP-FROM-POD -i <veth> -m comment --comment <ns/pod> -g TABBY-NP-E-<h>   per local pod some egress policy selects
+//	                  (with DenyUnlisted: "-i <veth> -j RETURN" for the other local pods,
+//	                  then "-i tabby+ -j RETURN", "-j DROP")
+//	TABBY-NP-TO-POD   -o <veth> -m comment --comment <ns/pod> -g TABBY-NP-I-<h>   the same for ingress (-o)
+//	TABBY-NP-E-<h>   one chain per distinct set of egress policies selecting a pod (pods share it):
+//	                 -j MARK --set-xmark 0x0/0x10000
+//	                 -m comment --comment <ns/policy> -j TABBY-NP-PE-<h>            per policy, sorted
+//	                 -m mark --mark 0x10000/0x10000 -j RETURN
+//	                 ...
+//	                 -j DROP
+//	TABBY-NP-I-<h>   the same for ingress, jumping to TABBY-NP-PI-<h>
+//	TABBY-NP-PE-<h>  one chain per policy with egress: every rule that allows a
+//	                 packet is "<port match> <peer match> -j MARK --set-xmark 0x10000/0x10000"
+//	TABBY-NP-PI-<h>  the same for ingress
+//
+// Peer matches are "-m set --match-set tabby-np-p4-<h> src|dst" (pod IPs of
+// the rule's pod/namespace selector peers, hash:ip) and
+// "-m set --match-set tabby-np-n4-<h> src|dst" (the rule's ipBlocks, exact,
+// hash:net without nomatch). Port matches are "-p tcp", "-p tcp -m tcp
+// --dport 80[:90]", "-p tcp -m multiport --dports 80,81,90:95" and, for a
+// named port, "-p tcp -m set --match-set tabby-np-q4-<h> dst,dst" (hash:ip,port
+// of every pod's IP and port of that name). Sets are "…4-…" for IPv4 and
+// "…6-…" for IPv6.
+type Ruleset struct {
+	// Sets are every ipset tabby wants, names starting with SetPrefix and at
+	// most 26 bytes long (the kernel allows 31, which leaves room for a
+	// temporary name to swap with), sorted by name. Every set a rule names
+	// is listed, possibly empty; a set's name depends only on what defines
+	// its members (the rule's selectors, its exact CIDRs, the port name) and
+	// its family, so pod churn only changes members. The applier must
+	// create sets before loading chains naming them, and destroy a set only
+	// after no chain names it.
+	Sets []Set
+	// Chains are every chain tabby wants in the filter table, names starting
+	// with PolicyChainPrefix and at most 26 bytes long (the kernel allows
+	// 28), sorted by Family then Name.
+	Chains []Chain
+	// Jumps are the rules tabby keeps at the top of built-in chains of the
+	// filter table, in order: today exactly one, at position 1 of FORWARD
+	// (before kube-proxy's and Docker's rules),
+	// "-m comment --comment tabby:network-policy -j TABBY-NP-FORWARD".
+	Jumps []Jump
+	// Problems are the policies the compiler could not accept; every other
+	// policy is still compiled. Sorted by Namespace, Name, Kind, Message.
+	Problems []Problem
+	// Programmed lists, for each local endpoint ("namespace/name"), that
+	// this Ruleset enforces everything that selects it: the applier reports
+	// it programmed once the Ruleset is in the kernel. It is every local,
+	// non-hostNetwork Endpoint with a usable HostIface, sorted.
+	Programmed []string
+}
+
+// SetType is an ipset type.
+type SetType string
+
+// Set types tabby uses.
+const (
+	SetHashIP  SetType = "hash:ip"
+	SetHashNet SetType = "hash:net"
+	// SetHashIPPort members are "<ip>,<proto>:<port>", e.g. "10.0.0.1,tcp:80"
+	// or "fd00::1,sctp:9000"; rules match it with "dst,dst".
+	SetHashIPPort SetType = "hash:ip,port"
+)
+
+// Set is one ipset.
+type Set struct {
+	Name string
+	Type SetType
+	// Family is "inet" or "inet6".
+	Family string
+	// Members are addresses (hash:ip), CIDRs (hash:net) or address,port
+	// pairs (hash:ip,port), sorted (as strings) and unique. With hash:net
+	// a member may end in " nomatch" for an ipBlock except (Compile emits
+	// none: it computes the exact CIDRs of cidr minus except itself, never
+	// a /0, which hash:net cannot hold).
+	Members []string
+}
+
+// Chain is one chain tabby owns; Rules are iptables rule specs without the
+// "-A CHAIN" part, e.g. {"-m", "set", "--match-set", "tabby-x", "src", "-j", "ACCEPT"}.
+//
+// Rule arguments never contain spaces or quotes, so joining them with " "
+// gives a valid iptables-restore line.
+type Chain struct {
+	Name string
+	// Family is FamilyIPv4 (iptables) or FamilyIPv6 (ip6tables). Every
+	// chain appears once per family.
+	Family string
+	Rules  [][]string
+}
+
+// Jump is a rule tabby keeps in a built-in chain; the same in both families
+// (iptables and ip6tables).
+type Jump struct {
+	Chain string // FORWARD, INPUT or OUTPUT
+	Rule  []string
+}
+
+// Problem is a policy (or endpoint) the compiler refused, and why; the
+// Message names the field (e.g. spec.ingress[0].from[1].ipBlock.except[0]),
+// what is wrong with it, and what is enforced meanwhile.
+//
+// What is still enforced: a policy whose podSelector is invalid is skipped
+// whole (the compiler cannot tell which pods it isolates). Any other error
+// drops only the ingress or egress rule it is in: that rule allows nothing,
+// but the policy still isolates the pods it selects and its other rules
+// still allow (failing closed, never open). An Endpoint problem (Kind
+// "Pod": an unusable HostIface) leaves that pod unprogrammed.
+type Problem struct {
+	Namespace, Name string
+	Message         string
+	// Kind is "NetworkPolicy" or "Pod".
+	Kind string
+}
+
+// Problem kinds.
+const (
+	KindNetworkPolicy = "NetworkPolicy"
+	KindPod           = "Pod"
+)
+
+// ChainsFor returns the chains of one family (FamilyIPv4 or FamilyIPv6).
+func (r *Ruleset) ChainsFor(family string) []Chain {
+	var out []Chain
+	for _, c := range r.Chains {
+		if c.Family == family {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// SetsFor returns the sets of one family (FamilyIPv4 or FamilyIPv6).
+func (r *Ruleset) SetsFor(family string) []Set {
+	var out []Set
+	for _, s := range r.Sets {
+		if s.Family == family {
+			out = append(out, s)
+		}
+	}
+	return out
+}
