@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -191,4 +192,34 @@ func TestCleanup(t *testing.T) {
 			t.Errorf("Cleanup changed others' routes:\n%s\nwant\n%s", got, routes)
 		}
 	}
+}
+
+// On a host whose rules are in iptables-legacy (kube-proxy's here), NAT
+// outgoing goes into legacy too, never into nft, and Cleanup takes it out
+// of legacy: the backend is detected from what the node already has.
+func TestApplyNATOnLegacyHost(t *testing.T) {
+	l := newLab(t, 1)
+	n1 := l.addNode(1, 1)
+	for _, c := range [][]string{
+		{"iptables-legacy", "-t", "nat", "-N", "KUBE-POSTROUTING"},
+		{"iptables-legacy", "-t", "nat", "-A", "KUBE-POSTROUTING", "-m", "mark", "--mark", "0x4000/0x4000", "-j", "MASQUERADE"},
+		{"iptables-legacy", "-t", "nat", "-A", "POSTROUTING", "-m", "comment", "--comment", "kubernetes postrouting rules", "-j", "KUBE-POSTROUTING"},
+		{"ip6tables-legacy", "-t", "nat", "-A", "POSTROUTING", "-s", "fd00:99::/64", "-j", "MASQUERADE"},
+	} {
+		if _, err := exec.LookPath(c[0]); err != nil {
+			t.Skipf("SKIPPING: %s is not installed", c[0])
+		}
+		sh(t, n1.ns, c[0], c[1:]...)
+	}
+	n1.apply(t, Desired(l.inputs(n1, natPools(true)...)))
+	legacy4, legacy6 := sh(t, n1.ns, "iptables-legacy-save", "-t", "nat"), sh(t, n1.ns, "ip6tables-legacy-save", "-t", "nat")
+	mustContain(t, "node1's legacy nat table", legacy4,
+		"-A POSTROUTING -m comment --comment \"tabby:nat-outgoing\" -j TABBY-NAT-OUTGOING\n-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\"",
+		"-A TABBY-NAT-OUTGOING -m set --match-set tabby-nat-pools src")
+	mustContain(t, "node1's legacy ip6tables nat table", legacy6, "-A TABBY-NAT-OUTGOING -m set --match-set tabby-nat-pools-v6 src")
+	mustNotContain(t, "node1's nft tables", sh(t, n1.ns, "iptables-nft-save")+sh(t, n1.ns, "ip6tables-nft-save"), NATChain)
+
+	in(t, n1.ns, n1.applier.Cleanup)
+	mustNotContain(t, "node1's legacy tables after Cleanup", sh(t, n1.ns, "iptables-legacy-save")+sh(t, n1.ns, "ip6tables-legacy-save"), NATChain)
+	mustContain(t, "node1's legacy nat table after Cleanup", sh(t, n1.ns, "iptables-legacy-save", "-t", "nat"), "-j KUBE-POSTROUTING")
 }

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -12,6 +13,8 @@ import (
 	"github.com/coreos/go-iptables/iptables"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tabbynet/tabby/internal/iptbackend"
 )
 
 // natJump is the POSTROUTING rule that enters NATChain.
@@ -37,10 +40,35 @@ func (f natFamily) chainRules() []string {
 	return []string{"-A " + NATChain + " -m set --match-set " + f.natSet + " src -m set ! --match-set " + f.allSet + " dst -j MASQUERADE"}
 }
 
-// iptablesCache holds the go-iptables handles, made on first use.
+// iptablesCache holds the iptables backend and the go-iptables handles,
+// found on first use: the backend is the one the host already uses
+// (iptbackend.Detect), so NAT and the NetworkPolicy chains land where
+// kube-proxy's and everyone else's rules are.
 type iptablesCache struct {
-	h    [2]*iptables.IPTables
-	errs [2]error
+	backend *iptbackend.Backend
+	berr    error
+	h       [2]*iptables.IPTables
+	errs    [2]error
+}
+
+// SetIPTablesBackend makes the Applier use backend b instead of detecting
+// one on first use; tabbyd passes the backend it detected (or was told to
+// use) once, so that routing and policy always agree. Call it before the
+// first Apply.
+func (a *Applier) SetIPTablesBackend(b iptbackend.Backend) {
+	a.ipt = iptablesCache{backend: &b}
+}
+
+func (c *iptablesCache) getBackend() (*iptbackend.Backend, error) {
+	if c.backend == nil && c.berr == nil {
+		b, err := iptbackend.Detect(context.Background(), iptbackend.Options{})
+		if err != nil {
+			c.berr = fmt.Errorf("finding the iptables backend: %w", err)
+		} else {
+			c.backend = &b
+		}
+	}
+	return c.backend, c.berr
 }
 
 func (c *iptablesCache) get(f natFamily) (*iptables.IPTables, error) {
@@ -49,10 +77,11 @@ func (c *iptablesCache) get(f natFamily) (*iptables.IPTables, error) {
 		i = 1
 	}
 	if c.h[i] == nil && c.errs[i] == nil {
-		c.h[i], c.errs[i] = iptables.New(iptables.IPFamily(f.protocol), iptables.Timeout(10))
-		if c.errs[i] != nil {
-			c.errs[i] = fmt.Errorf("finding %s: %w (install iptables)", f.cmd, c.errs[i])
+		b, err := c.getBackend()
+		if err != nil {
+			return nil, err
 		}
+		c.h[i], c.errs[i] = b.Handle(f.protocol, 10)
 	}
 	return c.h[i], c.errs[i]
 }
@@ -137,12 +166,15 @@ func (a *Applier) syncChain(ipt *iptables.IPTables, f natFamily, c *Counts) erro
 		}
 	}
 	in := "*nat\n:" + NATChain + " - [0:0]\n-F " + NATChain + "\n" + strings.Join(want, "\n") + "\nCOMMIT\n"
-	restore := f.cmd + "-restore"
-	path, err := exec.LookPath(restore)
+	b, err := a.ipt.getBackend()
 	if err != nil {
-		return fmt.Errorf("writing the chain %s: %w (install iptables)", NATChain, err)
+		return err
 	}
-	cmd := exec.Command(path, "--noflush", "--wait", "10")
+	restore := b.Restore(f.protocol)
+	if restore == "" {
+		return fmt.Errorf("writing the chain %s: no %s-restore for the %s backend (install iptables)", NATChain, f.cmd, b.Mode)
+	}
+	cmd := exec.Command(restore, "--noflush", "--wait", "10")
 	cmd.Stdin = strings.NewReader(in)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

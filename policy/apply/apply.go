@@ -1,0 +1,394 @@
+// Package apply makes the kernel match a policy.Ruleset: ipsets first, then
+// the policy chains of the filter table in one iptables-restore --noflush
+// transaction per family, then the jumps at the top of the built-in chains,
+// and last the removal of chains and sets no longer wanted.
+//
+// It owns only what carries tabby's policy names: ipsets starting with
+// policy.SetPrefix, filter-table chains starting with
+// policy.PolicyChainPrefix, and the rules of INPUT, FORWARD and OUTPUT whose
+// target is such a chain. Nothing else is flushed, moved or deleted; the nat
+// table is never touched.
+//
+// The applier remembers what it last put in the kernel, so an Apply whose
+// chains did not change runs no iptables command at all and a pod label
+// change costs one `ipset restore`. It re-reads the kernel (iptables-save,
+// ipset save) every Options.ResyncPeriod and after any error, so what was
+// changed behind its back is repaired.
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/policy"
+)
+
+// Options configure an Applier.
+type Options struct {
+	// Backend is the iptables backend to program; nil: detect the one the
+	// host uses (iptbackend.Detect) in New. tabbyd passes the backend it
+	// also gives daemon/routing, so both always agree.
+	Backend *iptbackend.Backend
+	// Logger receives one line per sync that changed something, and what
+	// was repaired; nil: slog.Default().
+	Logger *slog.Logger
+	// ResyncPeriod is how long the applier trusts its memory of the kernel
+	// before an Apply reads the kernel again; 0 means one minute, a
+	// negative value reads it on every Apply.
+	ResyncPeriod time.Duration
+	// DisableIPv6 leaves ip6tables and the inet6 sets alone (a node whose
+	// kernel has no IPv6). Without IPv6 in the kernel (no
+	// /proc/sys/net/ipv6) it is set by New.
+	DisableIPv6 bool
+	// IPSet is the ipset binary; "": looked up in $PATH.
+	IPSet string
+	// LockWait is how many seconds iptables waits for the xtables lock;
+	// 0 means 10.
+	LockWait int
+}
+
+// Applier programs Rulesets into the network namespace of the calling
+// thread (lock the OS thread and enter a namespace, e.g. with ns.Do, to
+// program another; New must run there too). It is safe for concurrent use:
+// calls are serialized.
+type Applier struct {
+	mu      sync.Mutex
+	log     *slog.Logger
+	backend iptbackend.Backend
+	ipset   string
+	resync  time.Duration
+	wait    string
+	fams    [2]*family // nil: family not programmed
+	skip    [2]bool
+
+	// What the applier believes is in the kernel; valid only while
+	// known is true.
+	known    bool
+	lastRead time.Time
+	sets     map[string]*kernelSet
+	tmpSeq   int
+
+	// last is the most recent desired state, for CheckJumps.
+	last *desired
+}
+
+// family is one of iptables (IPv4) and ip6tables (IPv6).
+type family struct {
+	idx   int
+	name  string // IPv4, IPv6
+	proto iptables.Protocol
+	ipt   *iptables.IPTables
+	save  string
+	rest  string
+	// chains are the policy chains in the kernel: what the applier wrote
+	// (want, when written) and what iptables-save printed for it
+	// afterwards.
+	chains map[string]*kernelChain
+	// jumps are, per built-in chain, the jumps last verified at its top:
+	// the rules wanted and how iptables prints them.
+	jumps map[string]*kernelJumps
+}
+
+type kernelChain struct {
+	written bool // false: found in the kernel, content unknown
+	want    [][]string
+	kernel  []string
+}
+
+type kernelJumps struct {
+	want  [][]string
+	lines []string
+}
+
+// Stats say what an Apply did.
+type Stats struct {
+	SetsCreated, SetsUpdated, SetsDeleted int
+	MembersAdded, MembersRemoved          int
+	// ChainsWritten counts chains (once per family) flushed and refilled
+	// by iptables-restore: 0 when the chains were unchanged.
+	ChainsWritten, ChainsDeleted int
+	JumpsInserted, JumpsDeleted  int
+	// Restores is the number of iptables-restore/ip6tables-restore runs.
+	Restores int
+	// KernelRead says the kernel was read (iptables-save, ipset save)
+	// rather than trusted from memory; Retried that a first attempt
+	// failed and the sync was redone after reading the kernel.
+	KernelRead, Retried bool
+
+	// Durations of the phases: reading the kernel, the ipset restore,
+	// writing and reading back chains, the jumps, removing stale chains
+	// and sets; and of the whole Apply (validation included).
+	ReadTime, SetsTime, ChainsTime, JumpsTime, StaleTime, Total time.Duration
+}
+
+// Changed is the number of changes made.
+func (s Stats) Changed() int {
+	return s.SetsCreated + s.SetsUpdated + s.SetsDeleted + s.ChainsWritten + s.ChainsDeleted + s.JumpsInserted + s.JumpsDeleted
+}
+
+// New returns an Applier for the network namespace of the calling thread.
+// It changes nothing in the kernel.
+func New(opts Options) (*Applier, error) {
+	a := &Applier{log: opts.Logger, resync: opts.ResyncPeriod, ipset: opts.IPSet}
+	if a.log == nil {
+		a.log = slog.Default()
+	}
+	if a.resync == 0 {
+		a.resync = time.Minute
+	}
+	if opts.LockWait == 0 {
+		opts.LockWait = 10
+	}
+	a.wait = fmt.Sprint(opts.LockWait)
+	if a.ipset == "" {
+		p, err := exec.LookPath("ipset")
+		if err != nil {
+			return nil, fmt.Errorf("NetworkPolicy needs the ipset command: %w (install ipset)", err)
+		}
+		a.ipset = p
+	}
+	if opts.Backend != nil {
+		a.backend = *opts.Backend
+	} else {
+		b, err := iptbackend.Detect(context.Background(), iptbackend.Options{})
+		if err != nil {
+			return nil, err
+		}
+		a.backend = b
+		a.log.Info("iptables backend detected", "mode", b.Mode, "reason", b.Reason)
+	}
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil && !opts.DisableIPv6 {
+		a.log.Info("the kernel has no IPv6: NetworkPolicy is enforced for IPv4 only")
+		opts.DisableIPv6 = true
+	}
+	a.skip[v6] = opts.DisableIPv6
+	for i, p := range []iptables.Protocol{iptables.ProtocolIPv4, iptables.ProtocolIPv6} {
+		if a.skip[i] {
+			continue
+		}
+		h, err := a.backend.Handle(p, opts.LockWait)
+		if err != nil {
+			return nil, err
+		}
+		f := &family{idx: i, name: [2]string{"IPv4", "IPv6"}[i], proto: p, ipt: h,
+			save: a.backend.Save(p), rest: a.backend.Restore(p),
+			chains: map[string]*kernelChain{}, jumps: map[string]*kernelJumps{}}
+		if f.save == "" || f.rest == "" {
+			return nil, fmt.Errorf("the %s backend has no %s-save or -restore (install iptables)", a.backend.Mode, [2]string{"iptables", "ip6tables"}[i])
+		}
+		a.fams[i] = f
+	}
+	return a, nil
+}
+
+// Backend is the iptables backend the Applier programs.
+func (a *Applier) Backend() iptbackend.Backend { return a.backend }
+
+// Apply makes the kernel match rs. An invalid Ruleset changes nothing and
+// returns an error listing every problem. A failure on the way is retried
+// once after reading the kernel afresh; the error returned is the second
+// failure's, and the next Apply starts from reading the kernel.
+func (a *Applier) Apply(ctx context.Context, rs *policy.Ruleset) (Stats, error) {
+	start := time.Now()
+	d, err := validate(rs, a.skip)
+	if err != nil {
+		return Stats{}, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.last = d
+	var st Stats
+	read := !a.known || a.resync < 0 || time.Since(a.lastRead) >= a.resync
+	err = a.sync(ctx, d, read, &st)
+	if err != nil && !read {
+		a.log.Warn("NetworkPolicy sync failed; reading the kernel and trying again", "err", err)
+		st.Retried = true
+		err = a.sync(ctx, d, true, &st)
+	}
+	if err != nil {
+		a.known = false
+	}
+	st.Total = time.Since(start)
+	if st.Changed() > 0 || err != nil {
+		a.log.Info("NetworkPolicy synced", "sets_created", st.SetsCreated, "sets_updated", st.SetsUpdated, "sets_deleted", st.SetsDeleted,
+			"members_added", st.MembersAdded, "members_removed", st.MembersRemoved, "chains_written", st.ChainsWritten,
+			"chains_deleted", st.ChainsDeleted, "jumps_inserted", st.JumpsInserted, "jumps_deleted", st.JumpsDeleted,
+			"kernel_read", st.KernelRead, "duration", st.Total, "err", err)
+	}
+	return st, err
+}
+
+// sync is one attempt: read the kernel if asked, then sets, chains, jumps,
+// and the removal of what is no longer wanted, in that order, so that no
+// rule ever names a set or chain that is not there.
+func (a *Applier) sync(ctx context.Context, d *desired, read bool, st *Stats) error {
+	var current [2]map[string][]string
+	if read {
+		t := time.Now()
+		b, err := a.readKernel(ctx)
+		st.ReadTime += time.Since(t)
+		if err != nil {
+			return err
+		}
+		current = b
+		st.KernelRead = true
+	}
+
+	// A set of the wrong type takes a second pass (syncSets).
+	for pass := 0; ; pass++ {
+		alias, err := a.pass(ctx, d, current, st)
+		if err != nil || len(alias) == 0 || pass > 0 {
+			return err
+		}
+		current = [2]map[string][]string{}
+	}
+}
+
+func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]string, st *Stats) (map[string]string, error) {
+	t := time.Now()
+	alias, doomed, err := a.syncSets(ctx, d, st)
+	st.SetsTime += time.Since(t)
+	if err != nil {
+		return nil, err
+	}
+
+	t = time.Now()
+	for _, f := range a.fams {
+		if f == nil {
+			continue
+		}
+		if err := a.writeChains(ctx, f, &d.fams[f.idx], alias, st); err != nil {
+			st.ChainsTime += time.Since(t)
+			return nil, err
+		}
+	}
+	st.ChainsTime += time.Since(t)
+
+	t = time.Now()
+	for _, f := range a.fams {
+		if f == nil {
+			continue
+		}
+		if err := a.syncJumps(ctx, f, d.fams[f.idx].jumps, current[f.idx], false, st); err != nil {
+			st.JumpsTime += time.Since(t)
+			return nil, err
+		}
+	}
+	st.JumpsTime += time.Since(t)
+
+	t = time.Now()
+	defer func() { st.StaleTime += time.Since(t) }()
+	var errs []error
+	for _, f := range a.fams {
+		if f != nil {
+			errs = append(errs, a.deleteStaleChains(ctx, f, &d.fams[f.idx], st))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return alias, a.deleteStaleSets(ctx, d, alias, doomed, st)
+}
+
+// readKernel replaces the applier's memory of the kernel with what is
+// there: our sets with their members and, per family, our chains (keeping
+// what the applier wrote where the kernel still prints the same) and the
+// built-in chains' rules, which it returns.
+func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error) {
+	var builtins [2]map[string][]string
+	out, err := run(ctx, "", a.ipset, "save")
+	if err != nil {
+		return builtins, fmt.Errorf("reading the ipsets: %w (does the kernel have ipset support? load ip_set and its hash modules)", err)
+	}
+	sets, err := parseIPSetSave(out)
+	if err != nil {
+		return builtins, err
+	}
+	for _, f := range a.fams {
+		if f == nil {
+			continue
+		}
+		ft, err := a.readFilter(ctx, f)
+		if err != nil {
+			return builtins, err
+		}
+		a.remember(f, ft)
+		builtins[f.idx] = ft.builtins
+	}
+	a.sets = sets
+	a.known = true
+	a.lastRead = time.Now()
+	return builtins, nil
+}
+
+func (a *Applier) readFilter(ctx context.Context, f *family) (filterTable, error) {
+	out, err := run(ctx, "", f.save, "-t", "filter")
+	if err != nil {
+		return filterTable{}, fmt.Errorf("reading the %s filter table: %w", f.name, err)
+	}
+	return parseFilter(out), nil
+}
+
+// remember updates the memory of f's chains from what the kernel prints:
+// a chain still printed as after the applier wrote it keeps what was
+// written; any other is remembered as unknown content, to be rewritten if
+// wanted and deleted if not.
+func (a *Applier) remember(f *family, ft filterTable) {
+	var changed, deleted []string
+	for name, lines := range ft.chains {
+		kc := f.chains[name]
+		if kc != nil && kc.kernel != nil && equalLines(kc.kernel, lines) {
+			continue
+		}
+		if kc != nil && kc.written {
+			changed = append(changed, name)
+		}
+		f.chains[name] = &kernelChain{kernel: lines}
+	}
+	for name, kc := range f.chains {
+		if _, ok := ft.chains[name]; !ok {
+			if kc.written {
+				deleted = append(deleted, name)
+			}
+			delete(f.chains, name)
+		}
+	}
+	if len(changed)+len(deleted) > 0 {
+		slices.Sort(changed)
+		slices.Sort(deleted)
+		a.log.Warn("NetworkPolicy chains were changed or deleted behind tabby's back; rewriting them", "family", f.name,
+			"changed", len(changed), "deleted", len(deleted), "examples", slices.Concat(first(changed, 5), first(deleted, 5)))
+	}
+}
+
+func first(s []string, n int) []string { return s[:min(n, len(s))] }
+
+func equalLines(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Invalidate makes the next Apply read the kernel instead of trusting the
+// applier's memory of it.
+func (a *Applier) Invalidate() {
+	a.mu.Lock()
+	a.known = false
+	a.mu.Unlock()
+}

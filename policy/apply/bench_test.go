@@ -1,0 +1,238 @@
+package apply_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/policy"
+	"github.com/tabbynet/tabby/policy/apply"
+)
+
+// bigRuleset is a Ruleset at the scale of issue 4's benchmark: per family
+// 1,000 policy chains of 5 rules and a dispatch chain with a rule for each,
+// so 2,002 chains and 12,002 rules in all; 2,000 sets (per family 500
+// hash:ip and 500 hash:net) with 5,000 members in all.
+func bigRuleset() *policy.Ruleset {
+	const chains, setsPerKind = 1000, 500
+	rs := &policy.Ruleset{
+		Jumps: []policy.Jump{{Chain: "FORWARD", Rule: r("-m comment --comment tabby:network-policy -j TABBY-NP-TO-POD")}},
+	}
+	for fi, fam := range []string{policy.FamilyIPv4, policy.FamilyIPv6} {
+		d := "46"[fi : fi+1]
+		for s := range setsPerKind {
+			p := policy.Set{Name: fmt.Sprintf("tabby-np-p%s-%05d", d, s), Type: policy.SetHashIP, Family: fam}
+			n := policy.Set{Name: fmt.Sprintf("tabby-np-n%s-%05d", d, s), Type: policy.SetHashNet, Family: fam}
+			for m := range 4 {
+				p.Members = append(p.Members, podIP(fi, s*4+m))
+			}
+			if fi == 0 {
+				n.Members = []string{fmt.Sprintf("172.%d.%d.0/24", 16+s/256, s%256)}
+			} else {
+				n.Members = []string{fmt.Sprintf("fd00:%x::/64", s)}
+			}
+			rs.Sets = append(rs.Sets, p, n)
+		}
+		dispatch := policy.Chain{Name: "TABBY-NP-TO-POD", Family: fam}
+		for c := range chains {
+			name := fmt.Sprintf("TABBY-NP-PI-%05d", c)
+			s := c % setsPerKind
+			rs.Chains = append(rs.Chains, chain(name, fam,
+				fmt.Sprintf("-p tcp -m tcp --dport 80 -m set --match-set tabby-np-p%s-%05d src %s", d, s, mark),
+				fmt.Sprintf("-p udp -m udp --dport 53 -m set --match-set tabby-np-p%s-%05d src %s", d, s, mark),
+				fmt.Sprintf("-m set --match-set tabby-np-n%s-%05d src %s", d, s, mark),
+				"-p tcp -m multiport --dports 8080,8443 "+mark,
+				"-m mark --mark 0x10000/0x10000 -j RETURN"))
+			dispatch.Rules = append(dispatch.Rules, r(fmt.Sprintf("-o tab%05d -g %s", c, name)))
+		}
+		rs.Chains = append(rs.Chains, dispatch)
+	}
+	return rs
+}
+
+func podIP(fam, i int) string {
+	if fam == 0 {
+		return fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)
+	}
+	return fmt.Sprintf("fd00:10:244::%x", i+1)
+}
+
+// moveMember moves the first member of set a to set b (a pod relabelled
+// out of one selector into another).
+func moveMember(rs *policy.Ruleset, a, b int) {
+	m := rs.Sets[a].Members[0]
+	rs.Sets[a].Members = slices.Clone(rs.Sets[a].Members[1:])
+	rs.Sets[b].Members = append(slices.Clone(rs.Sets[b].Members), m)
+}
+
+func benchApply(b *testing.B, n ns.NetNS, a *apply.Applier, rs *policy.Ruleset) apply.Stats {
+	b.Helper()
+	var st apply.Stats
+	var err error
+	_ = n.Do(func(ns.NetNS) error {
+		st, err = a.Apply(context.Background(), rs)
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
+
+func newBenchApplier(b *testing.B, n ns.NetNS, be iptbackend.Backend) *apply.Applier {
+	b.Helper()
+	var a *apply.Applier
+	err := n.Do(func(ns.NetNS) error {
+		var err error
+		a, err = apply.New(apply.Options{Backend: &be, Logger: testLogger(b)})
+		return err
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return a
+}
+
+// BenchmarkApplyIncremental: changes to a namespace holding bigRuleset. It
+// runs before BenchmarkApplyFullSync, whose namespaces the kernel tears
+// down in the background, slowing whatever runs next.
+func BenchmarkApplyIncremental(b *testing.B) {
+	needRoot(b)
+	rs := bigRuleset()
+	for _, be := range backends(b) {
+		b.Run(string(be.Mode), func(b *testing.B) { benchIncremental(b, be, rs) })
+	}
+}
+
+// BenchmarkApplyFullSync: bigRuleset into a fresh namespace.
+func BenchmarkApplyFullSync(b *testing.B) {
+	needRoot(b)
+	rs := bigRuleset()
+	for _, be := range backends(b) {
+		b.Run(string(be.Mode), func(b *testing.B) {
+			var phases [4]time.Duration
+			defer func() {
+				for i, name := range []string{"read", "ipset", "chains", "jumps"} {
+					b.ReportMetric(float64(phases[i].Nanoseconds())/float64(b.N), name+"-ns/op")
+				}
+			}()
+			for b.Loop() {
+				b.StopTimer()
+				n, err := testutils.NewNS()
+				if err != nil {
+					b.Fatal(err)
+				}
+				a := newBenchApplier(b, n, be)
+				b.StartTimer()
+				st := benchApply(b, n, a, rs)
+				b.StopTimer()
+				if st.ChainsWritten != 2002 || st.SetsCreated != 2000 || st.MembersAdded != 5000 {
+					b.Errorf("full sync: %+v", st)
+				}
+				phases[0] += st.ReadTime
+				phases[1] += st.SetsTime
+				phases[2] += st.ChainsTime
+				phases[3] += st.JumpsTime
+				_ = n.Close()
+				_ = testutils.UnmountNS(n)
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+func benchIncremental(b *testing.B, be iptbackend.Backend, rs *policy.Ruleset) {
+	n := newNS(b)
+	a := newBenchApplier(b, n, be)
+	benchApply(b, n, a, rs)
+
+	// A pod label flip: one member moves between two sets.
+	b.Run("member-move", func(b *testing.B) {
+		cur := rs
+		i := 0
+		var sets time.Duration
+		for b.Loop() {
+			b.StopTimer()
+			next := *cur
+			next.Sets = slices.Clone(cur.Sets)
+			if i%2 == 0 {
+				moveMember(&next, 0, 2)
+			} else {
+				moveMember(&next, 2, 0)
+			}
+			i++
+			cur = &next
+			b.StartTimer()
+			st := benchApply(b, n, a, cur)
+			if st.Restores != 0 || st.MembersAdded != 1 || st.MembersRemoved != 1 {
+				b.Errorf("member move: %+v", st)
+			}
+			sets += st.SetsTime
+		}
+		b.ReportMetric(float64(sets.Nanoseconds())/float64(b.N), "ipset-ns/op")
+		// Back to rs for the next sub-benchmark.
+		benchApply(b, n, a, rs)
+	})
+
+	// A policy changed: one chain's rule in each family.
+	b.Run("one-chain-change", func(b *testing.B) {
+		i := 0
+		var chains time.Duration
+		for b.Loop() {
+			b.StopTimer()
+			next := *rs
+			next.Chains = slices.Clone(rs.Chains)
+			for j, c := range next.Chains {
+				if c.Name == "TABBY-NP-PI-00007" {
+					c.Rules = slices.Clone(c.Rules)
+					c.Rules[3] = r(fmt.Sprintf("-p tcp -m multiport --dports 8080,%d %s", 9000+i%2, mark))
+					next.Chains[j] = c
+				}
+			}
+			i++
+			b.StartTimer()
+			st := benchApply(b, n, a, &next)
+			if st.ChainsWritten != 2 {
+				b.Errorf("one chain changed: %+v", st)
+			}
+			chains += st.ChainsTime
+		}
+		b.ReportMetric(float64(chains.Nanoseconds())/float64(b.N), "chains-ns/op")
+		benchApply(b, n, a, rs)
+	})
+
+	// The periodic resync: the kernel read again, nothing to change.
+	b.Run("resync-unchanged", func(b *testing.B) {
+		var read time.Duration
+		for b.Loop() {
+			a.Invalidate()
+			st := benchApply(b, n, a, rs)
+			if st.Changed() != 0 || !st.KernelRead {
+				b.Errorf("resync: %+v", st)
+			}
+			read += st.ReadTime
+		}
+		b.ReportMetric(float64(read.Nanoseconds())/float64(b.N), "read-ns/op")
+	})
+
+	// CheckJumps, as the controller runs it periodically.
+	b.Run("check-jumps", func(b *testing.B) {
+		for b.Loop() {
+			var got int
+			var err error
+			_ = n.Do(func(ns.NetNS) error {
+				got, err = a.CheckJumps(context.Background())
+				return nil
+			})
+			if err != nil || got != 0 {
+				b.Errorf("CheckJumps = %d, %v", got, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,149 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// writeChains writes, in one iptables-restore --noflush transaction, every
+// wanted chain that is new, differs from what the applier last wrote, or
+// was found changed in the kernel; sets being replaced are named by their
+// stand-ins (alias).
+// Declaring a chain (":NAME - [0:0]") flushes it; the chains not named are
+// left as they are, and so is everything else in the table. With nothing to
+// write, no command runs. Afterwards the table is read back, so that the
+// next kernel read can tell tabby's content from a change behind its back.
+func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, alias map[string]string, st *Stats) error {
+	var write []string
+	rules := map[string][][]string{}
+	for _, name := range w.order {
+		want := w.chains[name]
+		if namesAny(want, alias) {
+			want = substitute(want, alias)
+		}
+		kc := f.chains[name]
+		if kc == nil || !kc.written || !equalRules(kc.want, want) {
+			write = append(write, name)
+			rules[name] = want
+		}
+	}
+	if len(write) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("*filter\n")
+	for _, name := range write {
+		b.WriteString(":" + name + " - [0:0]\n")
+	}
+	for _, name := range write {
+		for _, r := range rules[name] {
+			b.WriteString("-A " + name + " " + ruleLine(r) + "\n")
+		}
+	}
+	b.WriteString("COMMIT\n")
+	st.Restores++
+	if _, err := run(ctx, b.String(), f.rest, "--noflush", "--wait", a.wait); err != nil {
+		return fmt.Errorf("writing %d %s policy chains: %w", len(write), f.name, err)
+	}
+	st.ChainsWritten += len(write)
+	for _, name := range write {
+		f.chains[name] = &kernelChain{written: true, want: rules[name]}
+	}
+	// Read back: a few chains one by one (iptables -S prints a rule as
+	// iptables-save does), many with one iptables-save.
+	if len(write) <= readBackOneByOne {
+		for _, name := range write {
+			lines, err := a.listRules(f, name)
+			if err != nil {
+				delete(f.chains, name)
+				return err
+			}
+			f.chains[name].kernel = lines
+		}
+		return nil
+	}
+	ft, err := a.readFilter(ctx, f)
+	if err != nil {
+		return err
+	}
+	for _, name := range write {
+		lines, ok := ft.chains[name]
+		if !ok {
+			delete(f.chains, name) // gone already: rewritten on the next kernel read
+			continue
+		}
+		f.chains[name].kernel = lines
+	}
+	return nil
+}
+
+// readBackOneByOne is how many written chains are read back with one
+// `iptables -S CHAIN` each rather than one iptables-save of the table
+// (which, with thousands of set matches, takes tens of milliseconds).
+const readBackOneByOne = 8
+
+// namesAny reports whether rules name one of the sets alias maps.
+func namesAny(rules [][]string, alias map[string]string) bool {
+	if len(alias) == 0 {
+		return false
+	}
+	for _, r := range rules {
+		for _, a := range r {
+			if _, ok := alias[a]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// substitute returns rules with every set name alias maps replaced.
+func substitute(rules [][]string, alias map[string]string) [][]string {
+	out := make([][]string, len(rules))
+	for i, r := range rules {
+		out[i] = slices.Clone(r)
+		for j, a := range r {
+			if to, ok := alias[a]; ok {
+				out[i][j] = to
+			}
+		}
+	}
+	return out
+}
+
+// deleteStaleChains removes, in one transaction, the policy chains the
+// kernel has and w does not want. It runs after the jumps to them are gone
+// and after the chains still wanted were rewritten without them; all are
+// flushed before any is deleted, so they may name each other.
+func (a *Applier) deleteStaleChains(ctx context.Context, f *family, w *wantFamily, st *Stats) error {
+	var stale []string
+	for name := range f.chains {
+		if _, ok := w.chains[name]; !ok {
+			stale = append(stale, name)
+		}
+	}
+	if len(stale) == 0 {
+		return nil
+	}
+	slices.Sort(stale)
+	var b strings.Builder
+	b.WriteString("*filter\n")
+	for _, name := range stale {
+		b.WriteString(":" + name + " - [0:0]\n")
+	}
+	for _, name := range stale {
+		b.WriteString("-X " + name + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	st.Restores++
+	if _, err := run(ctx, b.String(), f.rest, "--noflush", "--wait", a.wait); err != nil {
+		return fmt.Errorf("removing %d %s policy chains no longer wanted (does a rule outside tabby's chains jump to one?): %w", len(stale), f.name, err)
+	}
+	for _, name := range stale {
+		delete(f.chains, name)
+	}
+	st.ChainsDeleted += len(stale)
+	return nil
+}

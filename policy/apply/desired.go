@@ -1,0 +1,369 @@
+package apply
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/tabbynet/tabby/policy"
+)
+
+// The two families: index 0 is IPv4 (iptables, ipset family inet), 1 is
+// IPv6 (ip6tables, inet6).
+const (
+	v4 = 0
+	v6 = 1
+)
+
+var familyNames = [2]string{policy.FamilyIPv4, policy.FamilyIPv6}
+
+// builtins are the filter-table chains Jumps may go into, and the only
+// built-in chains the applier ever reads or changes.
+var builtins = []string{"INPUT", "FORWARD", "OUTPUT"}
+
+// Kernel limits on names (without the terminating NUL).
+const (
+	maxSetName   = 31
+	maxChainName = 28
+)
+
+// desired is a validated Ruleset, in the form the applier compares with
+// the kernel: members normalized as `ipset save` prints them.
+type desired struct {
+	sets     map[string]*wantSet
+	setNames []string // sorted
+	fams     [2]wantFamily
+}
+
+type wantSet struct {
+	name   string
+	typ    policy.SetType
+	family string
+	// members maps a member, as `ipset save` prints it, to its nomatch flag.
+	members map[string]bool
+}
+
+type wantFamily struct {
+	chains map[string][][]string
+	order  []string // chain names, in Ruleset order
+	// jumps holds, per built-in chain, the rules wanted at its top, in order.
+	jumps map[string][][]string
+}
+
+// validate checks a Ruleset against what the kernel and this applier
+// accept and returns it as a desired state. Families not programmed
+// (skip[f]) are left out. Every problem is reported, not just the first:
+// a Ruleset that fails here is a compiler bug, and nothing of it is applied.
+func validate(rs *policy.Ruleset, skip [2]bool) (*desired, error) {
+	if rs == nil {
+		return nil, errors.New("no Ruleset (nil)")
+	}
+	d := &desired{sets: map[string]*wantSet{}}
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	for _, s := range rs.Sets {
+		if err := checkName(s.Name, policy.SetPrefix, maxSetName); err != nil {
+			bad("set %q: %v", s.Name, err)
+			continue
+		}
+		fam := familyIndex(s.Family)
+		if fam < 0 {
+			bad("set %s: family %q is neither %s nor %s", s.Name, s.Family, policy.FamilyIPv4, policy.FamilyIPv6)
+			continue
+		}
+		if s.Type != policy.SetHashIP && s.Type != policy.SetHashNet && s.Type != policy.SetHashIPPort {
+			bad("set %s: type %q is not one of %s, %s, %s", s.Name, s.Type, policy.SetHashIP, policy.SetHashNet, policy.SetHashIPPort)
+			continue
+		}
+		if d.sets[s.Name] != nil {
+			bad("set %s is listed twice", s.Name)
+			continue
+		}
+		w := &wantSet{name: s.Name, typ: s.Type, family: s.Family, members: make(map[string]bool, len(s.Members))}
+		for _, m := range s.Members {
+			keys, nomatch, err := normalizeMember(s.Type, fam, m)
+			if err != nil {
+				bad("set %s: member %q: %v", s.Name, m, err)
+				continue
+			}
+			for _, k := range keys {
+				w.members[k] = nomatch
+			}
+		}
+		if skip[fam] {
+			continue
+		}
+		d.sets[s.Name] = w
+		d.setNames = append(d.setNames, s.Name)
+	}
+	slices.Sort(d.setNames)
+	setFams := make(map[string]int, len(rs.Sets))
+	for _, s := range rs.Sets {
+		setFams[s.Name] = familyIndex(s.Family)
+	}
+	setFamily := func(name string) int {
+		if f, ok := setFams[name]; ok {
+			return f
+		}
+		return -1
+	}
+
+	for f := range d.fams {
+		d.fams[f] = wantFamily{chains: map[string][][]string{}, jumps: map[string][][]string{}}
+	}
+	for _, c := range rs.Chains {
+		if err := checkName(c.Name, policy.PolicyChainPrefix, maxChainName); err != nil {
+			bad("chain %q: %v", c.Name, err)
+			continue
+		}
+		fam := familyIndex(c.Family)
+		if fam < 0 {
+			bad("chain %s: family %q is neither %s nor %s", c.Name, c.Family, policy.FamilyIPv4, policy.FamilyIPv6)
+			continue
+		}
+		if skip[fam] {
+			continue
+		}
+		wf := &d.fams[fam]
+		if _, dup := wf.chains[c.Name]; dup {
+			bad("chain %s (%s) is listed twice", c.Name, c.Family)
+			continue
+		}
+		wf.chains[c.Name] = c.Rules
+		wf.order = append(wf.order, c.Name)
+	}
+	// Rules: arguments the restore format can carry, sets and chains that
+	// exist in the same family.
+	for _, c := range rs.Chains {
+		fam := familyIndex(c.Family)
+		if fam < 0 || skip[fam] {
+			continue
+		}
+		for i, r := range c.Rules {
+			if err := checkRule(r, fam, d.fams[fam].chains, setFamily); err != nil {
+				bad("chain %s (%s) rule %d %q: %v", c.Name, c.Family, i+1, strings.Join(r, " "), err)
+			}
+		}
+	}
+	for _, j := range rs.Jumps {
+		if !slices.Contains(builtins, j.Chain) {
+			bad("jump %q: chain %q is not one of %s", strings.Join(j.Rule, " "), j.Chain, strings.Join(builtins, ", "))
+			continue
+		}
+		t := target(j.Rule)
+		if !strings.HasPrefix(t, policy.PolicyChainPrefix) {
+			bad("jump %q in %s: its target %q is not a chain starting with %s (only such jumps are tabby's to keep and remove)", strings.Join(j.Rule, " "), j.Chain, t, policy.PolicyChainPrefix)
+			continue
+		}
+		ok := true
+		for f := range d.fams {
+			if skip[f] {
+				continue
+			}
+			if err := checkRule(j.Rule, f, d.fams[f].chains, setFamily); err != nil {
+				bad("jump %q in %s (%s): %v", strings.Join(j.Rule, " "), j.Chain, familyNames[f], err)
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		for f := range d.fams {
+			if !skip[f] {
+				d.fams[f].jumps[j.Chain] = append(d.fams[f].jumps[j.Chain], j.Rule)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("the Ruleset is invalid, nothing was applied (a compiler bug): %w", errors.Join(errs...))
+	}
+	return d, nil
+}
+
+func familyIndex(f string) int {
+	switch f {
+	case policy.FamilyIPv4:
+		return v4
+	case policy.FamilyIPv6:
+		return v6
+	}
+	return -1
+}
+
+// checkName checks a set or chain name: our prefix, the kernel's length
+// limit, and nothing that the restore formats would split.
+func checkName(name, prefix string, max int) error {
+	if !strings.HasPrefix(name, prefix) {
+		return fmt.Errorf("does not start with %s", prefix)
+	}
+	if len(name) > max {
+		return fmt.Errorf("is %d bytes long, more than the kernel's %d", len(name), max)
+	}
+	if i := strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r == '"' || r == '\'' || r == '\\' || r > '~' }); i >= 0 {
+		return fmt.Errorf("contains %q", name[i])
+	}
+	return nil
+}
+
+// checkRule checks one rule of family fam: arguments that iptables-restore
+// can read, every set it matches (ours) is in the Ruleset with the rule's
+// family, and every tabby chain it jumps or goes to is a chain of the
+// family.
+func checkRule(rule []string, fam int, chains map[string][][]string, setFamily func(string) int) error {
+	if len(rule) == 0 {
+		return errors.New("empty rule")
+	}
+	for i, a := range rule {
+		if a == "" {
+			return fmt.Errorf("argument %d is empty", i+1)
+		}
+		for j := 0; j < len(a); j++ {
+			if c := a[j]; c == '\n' || c == '\r' || c == 0 {
+				return fmt.Errorf("argument %d %q contains a line break or NUL", i+1, a)
+			}
+		}
+		if a[0] != '-' {
+			continue
+		}
+		switch a {
+		case "-4", "--ipv4", "-6", "--ipv6":
+			return fmt.Errorf("argument %q: families are given by Chain.Family, not in rules", a)
+		}
+		if (a == "--match-set" || a == "--set") && i+1 < len(rule) {
+			name := rule[i+1]
+			if !strings.HasPrefix(name, policy.SetPrefix) {
+				continue // somebody else's set: the kernel will say if it is missing
+			}
+			switch sf := setFamily(name); {
+			case sf < 0:
+				return fmt.Errorf("matches the set %s, which the Ruleset does not list", name)
+			case sf != fam:
+				return fmt.Errorf("matches the set %s of family %s in a %s rule", name, familyNames[sf], familyNames[fam])
+			}
+		}
+	}
+	if t := target(rule); strings.HasPrefix(t, policy.ChainPrefix) {
+		if !strings.HasPrefix(t, policy.PolicyChainPrefix) {
+			return fmt.Errorf("jumps to %s, which is not a policy chain (%s…)", t, policy.PolicyChainPrefix)
+		}
+		if _, ok := chains[t]; !ok {
+			return fmt.Errorf("jumps to %s, which is not a %s chain of the Ruleset", t, familyNames[fam])
+		}
+	}
+	return nil
+}
+
+// target is the -j/-g target of a rule, "" if it has none.
+func target(rule []string) string {
+	t := ""
+	for i := 0; i+1 < len(rule); i++ {
+		switch rule[i] {
+		case "-j", "--jump", "-g", "--goto":
+			t = rule[i+1]
+		}
+	}
+	return t
+}
+
+// normalizeMember returns a set member as `ipset save` prints it (the
+// kernel's canonical form), and whether it is a nomatch entry. A hash:net
+// /0, which the kernel cannot hold, becomes its two halves.
+func normalizeMember(typ policy.SetType, fam int, m string) (keys []string, nomatch bool, err error) {
+	fields := strings.Fields(m)
+	switch {
+	case len(fields) == 2 && fields[1] == "nomatch" && typ == policy.SetHashNet:
+		nomatch = true
+	case len(fields) != 1:
+		return nil, false, errors.New(`want one address (hash:ip), CIDR (hash:net, optionally followed by " nomatch") or address,proto:port (hash:ip,port)`)
+	}
+	v := fields[0]
+	addr := func(s string) (netip.Addr, error) {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return a, fmt.Errorf("not an IP address: %w", err)
+		}
+		if a.Zone() != "" {
+			return a, errors.New("an address with a zone cannot be a set member")
+		}
+		if fam == v4 {
+			a = a.Unmap()
+		}
+		if a.Is4() != (fam == v4) {
+			return a, fmt.Errorf("not an %s address", familyNames[fam])
+		}
+		return a, nil
+	}
+	switch typ {
+	case policy.SetHashIP:
+		if p, err := netip.ParsePrefix(v); err == nil && p.Bits() == p.Addr().BitLen() {
+			v = p.Addr().String()
+		}
+		a, err := addr(v)
+		if err != nil {
+			return nil, false, err
+		}
+		return []string{a.String()}, false, nil
+	case policy.SetHashNet:
+		var p netip.Prefix
+		if strings.Contains(v, "/") {
+			a, bits, _ := strings.Cut(v, "/")
+			ad, err := addr(a)
+			if err != nil {
+				return nil, false, err
+			}
+			n, err := strconv.Atoi(bits)
+			if err != nil || n < 0 || n > ad.BitLen() {
+				return nil, false, fmt.Errorf("prefix length %q is not 0-%d", bits, ad.BitLen())
+			}
+			p = netip.PrefixFrom(ad, n).Masked()
+		} else {
+			ad, err := addr(v)
+			if err != nil {
+				return nil, false, err
+			}
+			p = netip.PrefixFrom(ad, ad.BitLen())
+		}
+		if p.Bits() == 0 {
+			if nomatch {
+				return nil, false, errors.New("a /0 cannot be nomatch")
+			}
+			hi := netip.AddrFrom4([4]byte{128})
+			if fam == v6 {
+				hi = netip.AddrFrom16([16]byte{0x80})
+			}
+			return []string{netip.PrefixFrom(p.Addr(), 1).String(), netip.PrefixFrom(hi, 1).String()}, false, nil
+		}
+		if p.Bits() == p.Addr().BitLen() {
+			return []string{p.Addr().String()}, nomatch, nil
+		}
+		return []string{p.String()}, nomatch, nil
+	case policy.SetHashIPPort:
+		a, pp, ok := strings.Cut(v, ",")
+		proto, port, ok2 := strings.Cut(pp, ":")
+		if !ok || !ok2 {
+			return nil, false, errors.New("want address,proto:port, e.g. 10.0.0.1,tcp:80")
+		}
+		ad, err := addr(a)
+		if err != nil {
+			return nil, false, err
+		}
+		proto = strings.ToLower(proto)
+		if proto != "tcp" && proto != "udp" && proto != "sctp" {
+			return nil, false, fmt.Errorf("protocol %q is not tcp, udp or sctp", proto)
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n < 0 || n > 65535 {
+			return nil, false, fmt.Errorf("port %q is not a number 0-65535 (ranges are not accepted)", port)
+		}
+		return []string{ad.String() + "," + proto + ":" + strconv.Itoa(n)}, false, nil
+	}
+	return nil, false, fmt.Errorf("unknown set type %q", typ)
+}
+
+func equalRules(a, b [][]string) bool {
+	return slices.EqualFunc(a, b, slices.Equal[[]string])
+}

@@ -1,0 +1,191 @@
+package apply
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/bits"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/policy"
+)
+
+// maxElem is the capacity every set is created with: far above any
+// cluster's pod count, and free (hash sets grow with their members, not
+// with maxelem).
+const maxElem = 1 << 20
+
+// syncSets creates missing sets and brings every set's members to what d
+// wants, in one `ipset -exist restore`: the additions of all sets first,
+// then the removals, so a pod moving from one set to another is in one of
+// them at every moment.
+//
+// A set of ours with the wrong type or family (made by someone else, or by
+// hand) can be neither changed nor renamed while rules name it, so it is
+// replaced in two passes: this one fills a new set under a temporary name
+// and returns alias[name] = temporary name, the chains are written naming
+// the temporary set, and the old set is destroyed once nothing names it
+// (doomed); the next pass (Apply runs it at once) creates the set under
+// its own name, rewrites the chains, and drops the temporary set.
+func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias map[string]string, doomed []string, err error) {
+	var head, adds, dels strings.Builder
+	next := map[string]*kernelSet{}
+	var created, updated, added, removed int
+	create := func(name string, w *wantSet) {
+		fmt.Fprintf(&head, "create %s %s family %s hashsize %d maxelem %d\n", name, w.typ, w.family, hashSize(len(w.members)), maxElem)
+		for _, m := range slices.Sorted(maps.Keys(w.members)) {
+			addLine(&adds, name, m, w.members[m])
+		}
+		created++
+		added += len(w.members)
+		next[name] = &kernelSet{typ: w.typ, family: w.family, members: maps.Clone(w.members)}
+	}
+	for _, name := range d.setNames {
+		w := d.sets[name]
+		k := a.sets[name]
+		if k != nil && (k.typ != w.typ || k.family != w.family) {
+			tmp := a.tempSetName(d)
+			a.log.Info("ipset has the wrong type or family; replacing it", "set", name, "have", string(k.typ)+" "+k.family,
+				"want", string(w.typ)+" "+w.family, "meanwhile", tmp)
+			if alias == nil {
+				alias = map[string]string{}
+			}
+			alias[name] = tmp
+			doomed = append(doomed, name)
+			next[name] = k
+			create(tmp, w)
+			continue
+		}
+		if k == nil {
+			create(name, w)
+			continue
+		}
+		var plus, minus []string
+		for m, nm := range w.members {
+			if knm, ok := k.members[m]; !ok || knm != nm {
+				plus = append(plus, m)
+			}
+		}
+		for m := range k.members {
+			if _, ok := w.members[m]; !ok {
+				minus = append(minus, m)
+			}
+		}
+		slices.Sort(plus)
+		slices.Sort(minus)
+		for _, m := range plus {
+			addLine(&adds, name, m, w.members[m]) // with -exist, also updates nomatch in place
+		}
+		for _, m := range minus {
+			fmt.Fprintf(&dels, "del %s %s\n", name, m)
+		}
+		added += len(plus)
+		removed += len(minus)
+		if len(plus)+len(minus) > 0 {
+			updated++
+			next[name] = &kernelSet{typ: w.typ, family: w.family, members: maps.Clone(w.members)}
+		} else {
+			next[name] = k
+		}
+	}
+	// Sets we have but do not want stay until the chains naming them are
+	// gone (deleteStaleSets).
+	for name, k := range a.sets {
+		if _, ok := next[name]; !ok {
+			next[name] = k
+		}
+	}
+	batch := head.String() + adds.String() + dels.String()
+	if batch != "" {
+		if _, err := run(ctx, batch, a.ipset, "-exist", "restore"); err != nil {
+			return nil, nil, fmt.Errorf("updating the ipsets: %w", err)
+		}
+	}
+	a.sets = next
+	st.SetsCreated += created
+	st.SetsUpdated += updated
+	st.MembersAdded += added
+	st.MembersRemoved += removed
+	return alias, doomed, nil
+}
+
+func addLine(b *strings.Builder, set, member string, nomatch bool) {
+	b.WriteString("add ")
+	b.WriteString(set)
+	b.WriteByte(' ')
+	b.WriteString(member)
+	if nomatch {
+		b.WriteString(" nomatch")
+	}
+	b.WriteByte('\n')
+}
+
+// hashSize is the initial hash size for n members: a power of two from 64
+// to 65536 (the set grows by itself past it).
+func hashSize(n int) int {
+	if n <= 64*4 {
+		return 64
+	}
+	s := 1 << bits.Len(uint(n/4-1))
+	return min(s, 65536)
+}
+
+// tempSetName is a name of ours not in use and not wanted, for a set
+// moved out of the way.
+func (a *Applier) tempSetName(d *desired) string {
+	for {
+		a.tmpSeq++
+		name := fmt.Sprintf("%sold-%d", policy.SetPrefix, a.tmpSeq)
+		if _, used := a.sets[name]; !used && d.sets[name] == nil {
+			return name
+		}
+	}
+}
+
+// deleteStaleSets destroys our sets that d does not want, except those
+// standing in for a wanted set (alias), and the doomed sets replaced by
+// them. It runs after the chains that named them are rewritten or gone; a
+// set somebody else's rule still names cannot be destroyed and is
+// reported.
+func (a *Applier) deleteStaleSets(ctx context.Context, d *desired, alias map[string]string, doomed []string, st *Stats) error {
+	stale := slices.Clone(doomed)
+	inUse := map[string]bool{}
+	for _, tmp := range alias {
+		inUse[tmp] = true
+	}
+	for name := range a.sets {
+		if d.sets[name] == nil && !inUse[name] {
+			stale = append(stale, name)
+		}
+	}
+	if len(stale) == 0 {
+		return nil
+	}
+	slices.Sort(stale)
+	var b strings.Builder
+	for _, name := range stale {
+		fmt.Fprintf(&b, "destroy %s\n", name)
+	}
+	if _, err := run(ctx, b.String(), a.ipset, "restore"); err == nil {
+		for _, name := range stale {
+			delete(a.sets, name)
+		}
+		st.SetsDeleted += len(stale)
+		return nil
+	}
+	// One failed: find which, and destroy the others.
+	var errs []string
+	for _, name := range stale {
+		if _, err := run(ctx, "", a.ipset, "destroy", name); err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		delete(a.sets, name)
+		st.SetsDeleted++
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("removing ipsets tabby no longer needs (is a rule outside tabby's chains using them?): %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
