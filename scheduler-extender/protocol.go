@@ -22,7 +22,7 @@ const DefaultMaxRequestBytes = 64 << 20
 
 // ReasonNoNodeCache is the FailedNodes reason for every node when
 // kube-scheduler sends only node names.
-const ReasonNoNodeCache = "tabby-scheduler-extender has no node cache yet; configure nodeCacheCapable: false for this extender"
+const ReasonNoNodeCache = "tabby-scheduler-extender runs without a node cache; configure nodeCacheCapable: false for this extender"
 
 // NodeCache resolves node names to Nodes when kube-scheduler is configured
 // with nodeCacheCapable: true. Nil means there is none.

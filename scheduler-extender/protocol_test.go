@@ -36,7 +36,7 @@ func mustJSON(t testing.TB, v any) []byte {
 func newTestMux(t testing.TB, maxBytes int64) (*http.ServeMux, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	return NewMux(Config{MaxRequestBytes: maxBytes}, reg), reg
+	return NewMux(Config{MaxRequestBytes: maxBytes, Scheduler: testScheduler()}, reg), reg
 }
 
 func do(mux http.Handler, method, path, contentType string, body []byte) *httptest.ResponseRecorder {
@@ -86,7 +86,7 @@ func TestFilterFullNodes(t *testing.T) {
 	if got.Nodes.Items[0].Labels["zone"] != "a" {
 		t.Errorf("passing node lost its labels: %+v", got.Nodes.Items[0])
 	}
-	want := extenderv1.FailedNodesMap{"n3": ReasonNodeAffinity, "n4": ReasonNodeAffinity, "n5": ReasonNodeAffinity}
+	want := extenderv1.FailedNodesMap{"n3": reasonNodeAffinity, "n4": reasonNodeAffinity, "n5": reasonNodeAffinity}
 	if d := cmp.Diff(want, got.FailedAndUnresolvableNodes); d != "" {
 		t.Errorf("FailedAndUnresolvableNodes (-want +got):\n%s", d)
 	}
@@ -124,7 +124,7 @@ func TestFilterNodeNamesWithCache(t *testing.T) {
 	for _, n := range testNodes() {
 		cache[n.Name] = n
 	}
-	h := &Handler{Scheduler: NodeAffinityScheduler{}, Nodes: cache}
+	h := &Handler{Scheduler: testScheduler(), Nodes: cache}
 	mux := http.NewServeMux()
 	h.Register(mux)
 	names := []string{"n1", "n3", "gone"}
@@ -136,7 +136,7 @@ func TestFilterNodeNamesWithCache(t *testing.T) {
 	if d := cmp.Diff([]string{"n1"}, *got.NodeNames); d != "" {
 		t.Errorf("NodeNames (-want +got):\n%s", d)
 	}
-	if got.FailedAndUnresolvableNodes["n3"] != ReasonNodeAffinity || !strings.Contains(got.FailedNodes["gone"], "not in") {
+	if got.FailedAndUnresolvableNodes["n3"] != reasonNodeAffinity || !strings.Contains(got.FailedNodes["gone"], "not in") {
 		t.Errorf("failures: %s", w.Body)
 	}
 }
@@ -152,19 +152,21 @@ func TestPrioritizeHandler(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
 		t.Fatal(err)
 	}
-	want := extenderv1.HostPriorityList{{Host: "n1", Score: 2}, {Host: "n2", Score: 10}, {Host: "n3", Score: 0}}
+	// Node affinity scores n1 25 and n2 100 (of 100); with weight 2 of 2,
+	// 2.5 and 10 of 10, rounded.
+	want := extenderv1.HostPriorityList{{Host: "n1", Score: 3}, {Host: "n2", Score: 10}, {Host: "n3", Score: 0}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
 	}
 
 	names := []string{"n1"}
 	w = do(mux, "POST", "/prioritize", "application/json", mustJSON(t, extenderv1.ExtenderArgs{Pod: zonePod(), NodeNames: &names}))
-	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), "no node cache") {
+	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), "without a node cache") {
 		t.Errorf("NodeNames without a cache: code %d %q", w.Code, w.Body)
 	}
 }
 
-type wildScheduler struct{ NodeAffinityScheduler }
+type wildScheduler struct{ Scheduler }
 
 func (wildScheduler) Prioritize(_ context.Context, _ *v1.Pod, nodes []*v1.Node) (extenderv1.HostPriorityList, error) {
 	return extenderv1.HostPriorityList{{Host: nodes[0].Name, Score: -3}, {Host: nodes[1].Name, Score: 99}}, nil
@@ -172,7 +174,7 @@ func (wildScheduler) Prioritize(_ context.Context, _ *v1.Pod, nodes []*v1.Node) 
 
 func TestPrioritizeClampsScores(t *testing.T) {
 	mux := http.NewServeMux()
-	(&Handler{Scheduler: wildScheduler{}}).Register(mux)
+	(&Handler{Scheduler: wildScheduler{testScheduler()}}).Register(mux)
 	w := do(mux, "POST", "/prioritize", "application/json", mustJSON(t, extenderv1.ExtenderArgs{Pod: &v1.Pod{}, Nodes: nodeList(testNodes()[:2]...)}))
 	if got := strings.TrimSpace(w.Body.String()); got != `[{"Host":"n1","Score":0},{"Host":"n2","Score":10}]` {
 		t.Errorf("got %s", got)

@@ -3,8 +3,8 @@
 // It serves POST /filter and POST /prioritize with the types of
 // k8s.io/kube-scheduler/extender/v1, GET /healthz and GET /metrics, over
 // HTTPS when given a certificate (kube-scheduler's enableHTTPS). The
-// placement rules sit behind the Scheduler interface; today that is
-// NodeAffinityScheduler (nodeName, nodeSelector, node affinity).
+// placement rules sit behind the Scheduler interface: a framework.Framework
+// of plugins (package plugins) over an informer cache.
 package extender
 
 import (
@@ -32,27 +32,30 @@ type Config struct {
 	TLSKeyFile  string
 	// MaxRequestBytes bounds a request body; 0 means DefaultMaxRequestBytes.
 	MaxRequestBytes int64
-	// Scheduler decides; nil means NodeAffinityScheduler.
+	// Scheduler decides (required).
 	Scheduler Scheduler
-	Log       *slog.Logger
+	// Nodes resolves node names for nodeCacheCapable requests (nil: they
+	// are refused).
+	Nodes NodeCache
+	Log   *slog.Logger
 }
 
 // NewMux returns the extender's routes, with its metrics in reg.
 func NewMux(cfg Config, reg *prometheus.Registry) *http.ServeMux {
 	sched := cfg.Scheduler
-	if sched == nil {
-		sched = NodeAffinityScheduler{}
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	h := &Handler{Scheduler: sched, MaxRequestBytes: cfg.MaxRequestBytes, Metrics: NewMetrics(reg)}
+	h := &Handler{Scheduler: sched, Nodes: cfg.Nodes, MaxRequestBytes: cfg.MaxRequestBytes, Metrics: NewMetrics(reg)}
 	h.Register(mux)
 	return mux
 }
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, cfg Config) error {
+	if cfg.Scheduler == nil {
+		return errors.New("extender: no Scheduler configured")
+	}
 	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
 		return errors.New("give both --tls-cert-file and --tls-key-file, or neither")
 	}

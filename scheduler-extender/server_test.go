@@ -72,6 +72,9 @@ func start(t *testing.T, cfg Config) string {
 		t.Fatal(err)
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Scheduler == nil {
+		cfg.Scheduler = testScheduler()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- serve(ctx, ln, cfg) }()
@@ -137,13 +140,13 @@ func TestPlainHTTP(t *testing.T) {
 func TestTLSConfigErrors(t *testing.T) {
 	certFile, keyFile, _ := selfSigned(t, t.TempDir())
 	ctx := context.Background()
-	if err := Run(ctx, Config{Listen: "127.0.0.1:0", TLSCertFile: certFile}); err == nil || !strings.Contains(err.Error(), "both") {
+	if err := Run(ctx, Config{Scheduler: testScheduler(), Listen: "127.0.0.1:0", TLSCertFile: certFile}); err == nil || !strings.Contains(err.Error(), "both") {
 		t.Errorf("cert without key: %v", err)
 	}
-	if err := Run(ctx, Config{Listen: "127.0.0.1:0", TLSCertFile: keyFile, TLSKeyFile: certFile}); err == nil || !strings.Contains(err.Error(), "loading the TLS certificate") {
+	if err := Run(ctx, Config{Scheduler: testScheduler(), Listen: "127.0.0.1:0", TLSCertFile: keyFile, TLSKeyFile: certFile}); err == nil || !strings.Contains(err.Error(), "loading the TLS certificate") {
 		t.Errorf("swapped files: %v", err)
 	}
-	if err := Run(ctx, Config{Listen: "127.0.0.1:0", TLSCertFile: "/nonexistent.crt", TLSKeyFile: keyFile}); err == nil {
+	if err := Run(ctx, Config{Scheduler: testScheduler(), Listen: "127.0.0.1:0", TLSCertFile: "/nonexistent.crt", TLSKeyFile: keyFile}); err == nil {
 		t.Error("missing cert file: no error")
 	}
 }

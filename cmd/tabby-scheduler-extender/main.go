@@ -3,18 +3,31 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/buildinfo"
 	extender "github.com/tabbynet/tabby/scheduler-extender"
+	"github.com/tabbynet/tabby/scheduler-extender/cache"
+	"github.com/tabbynet/tabby/scheduler-extender/plugins"
+	"github.com/tabbynet/tabby/scheduler-extender/plugins/network"
 )
 
 func main() {
-	var cfg extender.Config
+	var (
+		cfg          extender.Config
+		namespace    string
+		checkTabbyd  bool
+		ipv4, ipv6   bool
+		logLevelText string
+	)
 	cmd := &cobra.Command{
 		Use:          "tabby-scheduler-extender",
 		Short:        "kube-scheduler extender: places pods by scheduling rules and by what the network knows",
@@ -22,16 +35,61 @@ func main() {
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(*cobra.Command, []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevelText)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			var families []int
+			if ipv4 {
+				families = append(families, 4)
+			}
+			if ipv6 {
+				families = append(families, 6)
+			}
+			if len(families) == 0 {
+				return fmt.Errorf("--ipv4=false and --ipv6=false: pods get addresses of at least one family; say which, as the CNI config does")
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			rc, err := datastore.LoadConfig(cfg.Kubeconfig)
+			if err != nil {
+				return err
+			}
+			ds, err := datastore.New(rc)
+			if err != nil {
+				return err
+			}
+			kube, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				return err
+			}
+			c := cache.New()
+			if err := c.Start(ctx, kube); err != nil {
+				return fmt.Errorf("watching Nodes, Pods and Namespaces at %s: %w", rc.Host, err)
+			}
+			w := network.NewWatcher()
+			w.CheckHeartbeats = checkTabbyd
+			if err := w.Start(ctx, ds, kube, namespace); err != nil {
+				return err
+			}
+			cfg.Nodes = c
+			cfg.Scheduler = plugins.Default(c.Snapshot, &network.Plugin{Inputs: w.Inputs, Families: families})
+			cfg.Log.Info("tabby-scheduler-extender caches synced", "apiserver", rc.Host, "listen", cfg.Listen)
 			return extender.Run(ctx, cfg)
 		},
 	}
-	cmd.Flags().StringVar(&cfg.Listen, "listen", ":8888", "address to serve POST /filter, POST /prioritize, GET /healthz and GET /metrics on")
-	cmd.Flags().StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
-	cmd.Flags().StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (with any intermediates) to serve HTTPS with, for kube-scheduler's enableHTTPS; needs --tls-key-file")
-	cmd.Flags().StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file")
-	cmd.Flags().Int64Var(&cfg.MaxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted; larger ones get 413 (full Nodes are sent unless nodeCacheCapable)")
+	f := cmd.Flags()
+	f.StringVar(&cfg.Listen, "listen", ":8888", "address to serve POST /filter, POST /prioritize, GET /healthz and GET /metrics on")
+	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
+	f.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (with any intermediates) to serve HTTPS with, for kube-scheduler's enableHTTPS; needs --tls-key-file")
+	f.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file")
+	f.Int64Var(&cfg.MaxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted; larger ones get 413 (full Nodes are sent unless nodeCacheCapable)")
+	f.StringVar(&namespace, "tabbyd-namespace", "tabby-system", "namespace where each tabbyd renews its heartbeat Lease (tabbyd's --namespace)")
+	f.BoolVar(&checkTabbyd, "require-tabbyd", true, "filter out nodes whose tabbyd heartbeat Lease is missing or lapsed")
+	f.BoolVar(&ipv4, "ipv4", true, "pods get an IPv4 address (as the CNI config's ipam.assign_ipv4)")
+	f.BoolVar(&ipv6, "ipv6", false, "pods get an IPv6 address (as the CNI config's ipam.assign_ipv6)")
+	f.StringVar(&logLevelText, "log-level", "info", "debug, info, warn or error")
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)
 	}

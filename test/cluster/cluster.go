@@ -682,12 +682,18 @@ func (c *Cluster) StartProcess(name string, args ...string) (*Process, error) {
 	if !strings.Contains(name, "/") {
 		path = filepath.Join(c.BinDir, name)
 	}
+	return c.startProcessAs(filepath.Base(name), path, args...)
+}
+
+// startProcessAs is StartProcess of the program at path, logging to
+// Dir/<name>.log.
+func (c *Cluster) startProcessAs(name, path string, args ...string) (*Process, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
 		return nil, errors.New("the cluster was stopped")
 	}
-	p, err := c.spawn(filepath.Base(name), path, args...)
+	p, err := c.spawn(name, path, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -33,10 +33,17 @@ type Extender struct {
 
 // SchedulerOptions configure StartScheduler.
 type SchedulerOptions struct {
-	// Extenders are registered in the scheduler's configuration.
+	// Config is a KubeSchedulerConfiguration (YAML) to start from, such as
+	// deploy/scheduler/kube-scheduler-config.yaml; its clientConnection and
+	// leaderElection are replaced. Empty: the defaults.
+	Config []byte
+	// Extenders, when set, replace the configuration's extenders.
 	Extenders []Extender
 	// ExtraArgs are appended to kube-scheduler's flags.
 	ExtraArgs []string
+	// Name tells a second scheduler's files and log apart (default
+	// kube-scheduler).
+	Name string
 }
 
 // ControllerManagerOptions configure StartControllerManager.
@@ -51,17 +58,24 @@ type ControllerManagerOptions struct {
 // API server as the admin, without leader election, serving on the
 // cluster's address, and waits until its /healthz answers. Stop stops it.
 func (c *Cluster) StartScheduler(ctx context.Context, opts SchedulerOptions) (*Process, error) {
-	const name = "kube-scheduler"
+	name := "kube-scheduler"
+	if opts.Name != "" {
+		name = opts.Name
+	}
 	kubeconfig, port, err := c.componentSetup(name)
 	if err != nil {
 		return nil, err
 	}
-	config := map[string]any{
-		"apiVersion":       "kubescheduler.config.k8s.io/v1",
-		"kind":             "KubeSchedulerConfiguration",
-		"clientConnection": map[string]any{"kubeconfig": kubeconfig},
-		"leaderElection":   map[string]any{"leaderElect": false},
+	config := map[string]any{}
+	if len(opts.Config) > 0 {
+		if err := yaml.Unmarshal(opts.Config, &config); err != nil {
+			return nil, fmt.Errorf("the scheduler configuration given: %w", err)
+		}
 	}
+	config["apiVersion"] = "kubescheduler.config.k8s.io/v1"
+	config["kind"] = "KubeSchedulerConfiguration"
+	config["clientConnection"] = map[string]any{"kubeconfig": kubeconfig}
+	config["leaderElection"] = map[string]any{"leaderElect": false}
 	if len(opts.Extenders) > 0 {
 		config["extenders"] = opts.Extenders
 	}
@@ -81,7 +95,7 @@ func (c *Cluster) StartScheduler(ctx context.Context, opts SchedulerOptions) (*P
 		"--bind-address", c.opts.Address,
 		"--secure-port", strconv.Itoa(port),
 	}, opts.ExtraArgs...)
-	return c.startComponent(ctx, name, port, args)
+	return c.startComponentAs(ctx, name, filepath.Join(c.BinDir, "kube-scheduler"), port, args)
 }
 
 // StartControllerManager starts kube-controller-manager against the API
@@ -124,7 +138,13 @@ func (c *Cluster) componentSetup(name string) (kubeconfig string, port int, err 
 
 // startComponent starts BinDir/name and waits for https://ADDRESS:port/healthz.
 func (c *Cluster) startComponent(ctx context.Context, name string, port int, args []string) (*Process, error) {
-	p, err := c.StartProcess(name, args...)
+	return c.startComponentAs(ctx, name, filepath.Join(c.BinDir, name), port, args)
+}
+
+// startComponentAs starts the program at path as name (its log is
+// Dir/<name>.log) and waits for https://ADDRESS:port/healthz.
+func (c *Cluster) startComponentAs(ctx context.Context, name, path string, port int, args []string) (*Process, error) {
+	p, err := c.startProcessAs(name, path, args...)
 	if err != nil {
 		return nil, err
 	}

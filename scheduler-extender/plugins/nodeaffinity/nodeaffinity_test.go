@@ -1,4 +1,4 @@
-package extender
+package nodeaffinity
 
 import (
 	"context"
@@ -7,7 +7,9 @@ import (
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tabbynet/tabby/scheduler-extender/framework"
+	"github.com/tabbynet/tabby/scheduler-extender/plugins/nodename"
 )
 
 func node(name string, labels map[string]string) *v1.Node {
@@ -51,8 +53,8 @@ func TestFilter(t *testing.T) {
 	withSelector := func(p *v1.Pod, sel map[string]string) *v1.Pod { p.Spec.NodeSelector = sel; return p }
 	withNodeName := func(p *v1.Pod, n string) *v1.Pod { p.Spec.NodeName = n; return p }
 	const (
-		nn = ReasonNodeName
-		na = ReasonNodeAffinity
+		nn = nodename.ErrReason
+		na = ErrReasonPod
 	)
 	tests := []struct {
 		name string
@@ -112,7 +114,11 @@ func TestFilter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			nodes := testNodes()
-			res := NodeAffinityScheduler{}.Filter(context.Background(), tt.pod, nodes)
+			fw := &framework.Framework{
+				Snapshot: func() framework.Snapshot { return framework.NewSnapshot(nodes, nil, nil) },
+				Filters:  []framework.FilterPlugin{nodename.Plugin{}, Plugin{}},
+			}
+			res := fw.Filter(context.Background(), tt.pod, nodes)
 			if len(res.Failed) != 0 {
 				t.Errorf("Failed = %v; these plugins only fail unresolvably", res.Failed)
 			}
@@ -149,10 +155,9 @@ func pref(w int32, term v1.NodeSelectorTerm) v1.PreferredSchedulingTerm {
 	return v1.PreferredSchedulingTerm{Weight: w, Preference: term}
 }
 
-// TestPrioritize: the NodeAffinity plugin's Score (sum of the weights of
-// matching preferred terms) normalised as helper.DefaultNormalizeScore does,
-// to the extender's maximum of 10.
-func TestPrioritize(t *testing.T) {
+// TestScore: the NodeAffinity plugin's Score (sum of the weights of
+// matching preferred terms) normalised as helper.DefaultNormalizeScore does.
+func TestScore(t *testing.T) {
 	tests := []struct {
 		name    string
 		pod     *v1.Pod
@@ -161,54 +166,41 @@ func TestPrioritize(t *testing.T) {
 	}{
 		{"no affinity", &v1.Pod{}, []int64{0, 0, 0, 0, 0}, false},
 		{"required only", requiredPod(exprs(req("zone", v1.NodeSelectorOpIn, "a"))), []int64{0, 0, 0, 0, 0}, false},
-		{"one term", preferredPod(pref(3, exprs(req("zone", v1.NodeSelectorOpIn, "b")))), []int64{0, 10, 0, 0, 0}, false},
+		{"one term", preferredPod(pref(3, exprs(req("zone", v1.NodeSelectorOpIn, "b")))), []int64{0, 100, 0, 0, 0}, false},
 		{"weights add up and are max-normalised", preferredPod(
 			pref(3, exprs(req("gpu", v1.NodeSelectorOpExists))),
 			pref(4, exprs(req("zone", v1.NodeSelectorOpIn, "b", "c"))),
-		), []int64{10 * 3 / 7, 10, 10 * 4 / 7, 0, 10 * 3 / 7}, false},
+		), []int64{100 * 3 / 7, 100, 100 * 4 / 7, 0, 100 * 3 / 7}, false},
 		{"normalised scores round down", preferredPod(
 			pref(1, exprs(req("zone", v1.NodeSelectorOpIn, "a"))),
 			pref(2, exprs(req("zone", v1.NodeSelectorOpIn, "b"))),
 			pref(100, fields(req("metadata.name", v1.NodeSelectorOpIn, "n4"))),
-		), []int64{0, 0, 0, 10, 0}, false},
+		), []int64{1, 2, 0, 100, 0}, false},
 		{"matching nothing scores 0 everywhere", preferredPod(pref(50, exprs(req("zone", v1.NodeSelectorOpIn, "z")))), []int64{0, 0, 0, 0, 0}, false},
 		{"zero weight and empty preference are skipped", preferredPod(
 			pref(0, exprs(req("zone", v1.NodeSelectorOpIn, "a"))),
 			pref(9, v1.NodeSelectorTerm{}),
 			pref(1, exprs(req("zone", v1.NodeSelectorOpIn, "c"))),
-		), []int64{0, 0, 10, 0, 0}, false},
+		), []int64{0, 0, 100, 0, 0}, false},
 		{"a term that does not parse is an error", preferredPod(pref(1, exprs(req("zone", "Near", "a")))), nil, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			nodes := testNodes()
-			got, err := NodeAffinityScheduler{}.Prioritize(context.Background(), tt.pod, nodes)
+			infos := make([]*framework.NodeInfo, len(nodes))
+			for i, n := range nodes {
+				infos[i] = framework.NewNodeInfo(n)
+			}
+			got, err := Plugin{}.Score(context.Background(), nil, tt.pod, infos)
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
 			}
 			if tt.wantErr {
 				return
 			}
-			var want extenderv1.HostPriorityList
-			for i, n := range nodes {
-				want = append(want, extenderv1.HostPriority{Host: n.Name, Score: tt.want[i]})
-			}
-			if d := cmp.Diff(want, got); d != "" {
+			if d := cmp.Diff(tt.want, got); d != "" {
 				t.Errorf("scores (-want +got):\n%s", d)
 			}
 		})
-	}
-}
-
-func TestNormalizeReverse(t *testing.T) {
-	s := extenderv1.HostPriorityList{{Host: "a", Score: 0}, {Host: "b", Score: 5}, {Host: "c", Score: 10}}
-	normalize(s, 10, true)
-	if d := cmp.Diff(extenderv1.HostPriorityList{{Host: "a", Score: 10}, {Host: "b", Score: 5}, {Host: "c", Score: 0}}, s); d != "" {
-		t.Error(d)
-	}
-	z := extenderv1.HostPriorityList{{Host: "a"}, {Host: "b"}}
-	normalize(z, 10, true)
-	if z[0].Score != 10 || z[1].Score != 10 {
-		t.Errorf("all-zero reversed = %v, want all 10", z)
 	}
 }

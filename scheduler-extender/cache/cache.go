@@ -1,0 +1,323 @@
+// Package cache is tabby-scheduler-extender's view of the cluster: Nodes,
+// the Pods bound to them and Namespaces from client-go informers, kept as
+// framework.NodeInfos that each request reads as a consistent Snapshot. A
+// pod counts on its node as soon as the watch shows it bound.
+package cache
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	appslisters "k8s.io/client-go/listers/apps/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/tabbynet/tabby/scheduler-extender/framework"
+)
+
+// Cache keeps NodeInfos up to date from informer events. Each NodeInfo is
+// copy-on-write: an event replaces the NodeInfo of the node it touches, so
+// a Snapshot handed out stays as it was.
+type Cache struct {
+	mu         sync.Mutex
+	nodes      map[string]*framework.NodeInfo // by node name; Node nil while only pods name it
+	pods       map[types.UID]placed
+	namespaces map[string]*v1.Namespace
+	snap       *framework.MapSnapshot // nil when an event came after it was made
+
+	// workloads answers for the Services, ReplicationControllers,
+	// ReplicaSets and StatefulSets pods belong to (nil before Start).
+	workloads *workloads
+}
+
+// workloads reads the informers of the objects kube-scheduler derives a
+// pod's default topology spread selector from.
+type workloads struct {
+	services     corelisters.ServiceLister
+	controllers  corelisters.ReplicationControllerLister
+	replicaSets  appslisters.ReplicaSetLister
+	statefulSets appslisters.StatefulSetLister
+}
+
+// snapshot is a MapSnapshot that also knows workloads.
+type snapshot struct {
+	*framework.MapSnapshot
+	w *workloads
+}
+
+var _ framework.WorkloadLister = snapshot{}
+
+// Services implements framework.WorkloadLister.
+func (s snapshot) Services(namespace string) []*v1.Service {
+	l, _ := s.w.services.Services(namespace).List(labels.Everything())
+	return l
+}
+
+// ReplicationController implements framework.WorkloadLister.
+func (s snapshot) ReplicationController(namespace, name string) *v1.ReplicationController {
+	o, _ := s.w.controllers.ReplicationControllers(namespace).Get(name)
+	return o
+}
+
+// ReplicaSet implements framework.WorkloadLister.
+func (s snapshot) ReplicaSet(namespace, name string) *appsv1.ReplicaSet {
+	o, _ := s.w.replicaSets.ReplicaSets(namespace).Get(name)
+	return o
+}
+
+// StatefulSet implements framework.WorkloadLister.
+func (s snapshot) StatefulSet(namespace, name string) *appsv1.StatefulSet {
+	o, _ := s.w.statefulSets.StatefulSets(namespace).Get(name)
+	return o
+}
+
+// placed is where a pod counts.
+type placed struct {
+	node string
+	info *framework.PodInfo
+}
+
+// New makes an empty Cache; Start fills it from the API server.
+func New() *Cache {
+	return &Cache{nodes: map[string]*framework.NodeInfo{}, pods: map[types.UID]placed{}, namespaces: map[string]*v1.Namespace{}}
+}
+
+// Start runs informers for Nodes, Pods and Namespaces (and the Services,
+// ReplicationControllers, ReplicaSets and StatefulSets of default topology
+// spreading) through client and returns once they have synced (or with
+// ctx's error). They run until ctx ends.
+func (c *Cache) Start(ctx context.Context, client kubernetes.Interface) error {
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(stripManagedFields))
+	w := &workloads{
+		services:     f.Core().V1().Services().Lister(),
+		controllers:  f.Core().V1().ReplicationControllers().Lister(),
+		replicaSets:  f.Apps().V1().ReplicaSets().Lister(),
+		statefulSets: f.Apps().V1().StatefulSets().Lister(),
+	}
+	handlers := []struct {
+		inf toolscache.SharedIndexInformer
+		h   toolscache.ResourceEventHandlerFuncs
+	}{
+		{f.Core().V1().Nodes().Informer(), toolscache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { c.SetNode(o.(*v1.Node)) }, UpdateFunc: func(_, o any) { c.SetNode(o.(*v1.Node)) },
+			DeleteFunc: func(o any) {
+				if n, ok := unwrap[*v1.Node](o); ok {
+					c.DeleteNode(n.Name)
+				}
+			}}},
+		{f.Core().V1().Pods().Informer(), toolscache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { c.SetPod(o.(*v1.Pod)) }, UpdateFunc: func(_, o any) { c.SetPod(o.(*v1.Pod)) },
+			DeleteFunc: func(o any) {
+				if p, ok := unwrap[*v1.Pod](o); ok {
+					c.DeletePod(p.UID)
+				}
+			}}},
+		{f.Core().V1().Namespaces().Informer(), toolscache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) { c.SetNamespace(o.(*v1.Namespace)) }, UpdateFunc: func(_, o any) { c.SetNamespace(o.(*v1.Namespace)) },
+			DeleteFunc: func(o any) {
+				if ns, ok := unwrap[*v1.Namespace](o); ok {
+					c.DeleteNamespace(ns.Name)
+				}
+			}}},
+	}
+	for _, x := range handlers {
+		if _, err := x.inf.AddEventHandler(x.h); err != nil {
+			return err
+		}
+	}
+	f.Start(ctx.Done())
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("the %v informer did not sync: %w", typ, context.Cause(ctx))
+		}
+	}
+	c.mu.Lock()
+	c.workloads = w
+	c.mu.Unlock()
+	return nil
+}
+
+// unwrap takes the object out of a delete event, tombstone or not.
+func unwrap[T any](o any) (T, bool) {
+	if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+		o = d.Obj
+	}
+	t, ok := o.(T)
+	return t, ok
+}
+
+// stripManagedFields drops what no decision reads, to keep 50,000 pods small.
+func stripManagedFields(o any) (any, error) {
+	if m, ok := o.(interface {
+		SetManagedFields([]metav1.ManagedFieldsEntry)
+	}); ok {
+		m.SetManagedFields(nil)
+	}
+	return o, nil
+}
+
+// Snapshot is the cluster as it is now; it does not change afterwards
+// (what it says of workloads is read when asked).
+func (c *Cache) Snapshot() framework.Snapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.snap == nil {
+		nodes := make(map[string]*framework.NodeInfo, len(c.nodes))
+		for k, v := range c.nodes {
+			nodes[k] = v
+		}
+		namespaces := make(map[string]*v1.Namespace, len(c.namespaces))
+		for k, v := range c.namespaces {
+			namespaces[k] = v
+		}
+		c.snap = framework.SnapshotOf(nodes, namespaces)
+	}
+	if c.workloads != nil {
+		return snapshot{c.snap, c.workloads}
+	}
+	return c.snap
+}
+
+// Node implements the extender's NodeCache: a node by name.
+func (c *Cache) Node(name string) (*v1.Node, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ni := c.nodes[name]; ni != nil && ni.Node != nil {
+		return ni.Node, true
+	}
+	return nil, false
+}
+
+// SetNode adds or updates a node.
+func (c *Cache) SetNode(n *v1.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ni := &framework.NodeInfo{}
+	if old := c.nodes[n.Name]; old != nil {
+		*ni = *old
+	}
+	ni.Node = n
+	c.nodes[n.Name] = ni
+	c.snap = nil
+}
+
+// DeleteNode forgets a node (its pods stay until they are deleted too).
+func (c *Cache) DeleteNode(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	old := c.nodes[name]
+	if old == nil {
+		return
+	}
+	if len(old.Pods) == 0 {
+		delete(c.nodes, name)
+	} else {
+		ni := *old
+		ni.Node = nil
+		c.nodes[name] = &ni
+	}
+	c.snap = nil
+}
+
+// SetPod adds or updates a pod: it counts on spec.nodeName until it is
+// Succeeded or Failed (a terminating pod still counts, as upstream's cache
+// keeps it until it is deleted).
+func (c *Cache) SetPod(p *v1.Pod) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	node := p.Spec.NodeName
+	if framework.Terminal(p) {
+		node = ""
+	}
+	old, had := c.pods[p.UID]
+	if had {
+		c.remove(old.node, p.UID)
+	}
+	if node == "" {
+		delete(c.pods, p.UID)
+	} else {
+		// The same pod keeps its parsed affinity terms (they are
+		// immutable); only its labels are read again.
+		var info *framework.PodInfo
+		if had {
+			info = old.info.Update(p)
+		} else {
+			info = framework.NewPodInfo(p)
+		}
+		c.pods[p.UID] = placed{node: node, info: info}
+		ni := &framework.NodeInfo{}
+		if cur := c.nodes[node]; cur != nil {
+			ni = copyNodeInfo(cur)
+		}
+		ni.AddPod(info)
+		c.nodes[node] = ni
+	}
+	if had || node != "" {
+		c.snap = nil
+	}
+}
+
+// DeletePod forgets a pod.
+func (c *Cache) DeletePod(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.pods[uid]; ok {
+		c.remove(old.node, uid)
+		delete(c.pods, uid)
+		c.snap = nil
+	}
+}
+
+// remove replaces the NodeInfo of node with one without the pod.
+func (c *Cache) remove(node string, uid types.UID) {
+	cur := c.nodes[node]
+	if cur == nil {
+		return
+	}
+	ni := &framework.NodeInfo{Node: cur.Node}
+	for _, p := range cur.Pods {
+		if p.Pod.UID != uid {
+			ni.AddPod(p)
+		}
+	}
+	if ni.Node == nil && len(ni.Pods) == 0 {
+		delete(c.nodes, node)
+		return
+	}
+	c.nodes[node] = ni
+}
+
+// copyNodeInfo copies the lists so that appending does not reach into a
+// NodeInfo a snapshot holds.
+func copyNodeInfo(ni *framework.NodeInfo) *framework.NodeInfo {
+	return &framework.NodeInfo{
+		Node:                         ni.Node,
+		Pods:                         append([]*framework.PodInfo(nil), ni.Pods...),
+		PodsWithAffinity:             append([]*framework.PodInfo(nil), ni.PodsWithAffinity...),
+		PodsWithRequiredAntiAffinity: append([]*framework.PodInfo(nil), ni.PodsWithRequiredAntiAffinity...),
+	}
+}
+
+// SetNamespace adds or updates a namespace.
+func (c *Cache) SetNamespace(ns *v1.Namespace) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.namespaces[ns.Name] = ns
+	c.snap = nil
+}
+
+// DeleteNamespace forgets a namespace.
+func (c *Cache) DeleteNamespace(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.namespaces, name)
+	c.snap = nil
+}

@@ -1,0 +1,189 @@
+// Package framework is the shape of tabby-scheduler-extender's placement
+// rules, after kube-scheduler's framework: one plugin per concern, each
+// precomputing once per pod what its cheap per-node checks need.
+//
+// A FilterPlugin's PreFilter runs once per request and returns a per-node
+// check; a ScorePlugin scores the nodes of a request, normalised to
+// 0..MaxNodeScore as the upstream plugin normalises. Framework runs the
+// plugins in order and combines scores by weight, as kube-scheduler does.
+package framework
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	v1 "k8s.io/api/core/v1"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+)
+
+// MaxNodeScore is the top of a plugin's normalised score, as upstream.
+const MaxNodeScore int64 = 100
+
+// Code says how a node failed.
+type Code int
+
+const (
+	// Unschedulable: preemption might make room (kube-scheduler's
+	// Unschedulable; the extender's FailedNodes).
+	Unschedulable Code = iota + 1
+	// UnschedulableAndUnresolvable: no preemption can help
+	// (FailedAndUnresolvableNodes).
+	UnschedulableAndUnresolvable
+)
+
+// Status is why a node failed a filter; nil means it passed.
+type Status struct {
+	Code   Code
+	Reason string
+}
+
+// Fail is a Status of code with a reason.
+func Fail(code Code, format string, args ...any) *Status {
+	return &Status{Code: code, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Plugin is a named placement rule.
+type Plugin interface {
+	Name() string
+}
+
+// NodeFilter checks one node for the pod PreFilter was given.
+type NodeFilter func(n *NodeInfo) *Status
+
+// FilterPlugin filters nodes.
+type FilterPlugin interface {
+	Plugin
+	// PreFilter precomputes, from the cluster state and the pod, what the
+	// per-node check needs. It returns nil, nil when the plugin has nothing
+	// to say about this pod (every node passes), and an error when the pod
+	// cannot be placed at all by this plugin's rules (every node fails
+	// unresolvably with the error as reason).
+	PreFilter(ctx context.Context, snap Snapshot, pod *v1.Pod) (NodeFilter, error)
+}
+
+// ScorePlugin scores nodes.
+type ScorePlugin interface {
+	Plugin
+	// Score scores the nodes (in order) from 0 to MaxNodeScore, normalised
+	// as the upstream plugin's NormalizeScore does.
+	Score(ctx context.Context, snap Snapshot, pod *v1.Pod, nodes []*NodeInfo) ([]int64, error)
+}
+
+// WeightedScore is a ScorePlugin with its weight in the sum.
+type WeightedScore struct {
+	Plugin ScorePlugin
+	Weight int64
+}
+
+// FilterResult is what Framework.Filter decides.
+type FilterResult struct {
+	Passing      []*v1.Node
+	Failed       map[string]string
+	Unresolvable map[string]string
+}
+
+// Framework runs filter plugins in order (a node's first failure is its
+// reason, as kube-scheduler reports) and sums weighted scores.
+type Framework struct {
+	// Snapshot gives the cluster state for one request.
+	Snapshot func() Snapshot
+	Filters  []FilterPlugin
+	Scores   []WeightedScore
+}
+
+// nodeInfos pairs the request's nodes with what the snapshot knows of them
+// (their pods). The request's Node object wins: with nodeCacheCapable
+// false, kube-scheduler sends the Node it decides on.
+func nodeInfos(snap Snapshot, nodes []*v1.Node) []*NodeInfo {
+	out := make([]*NodeInfo, len(nodes))
+	for i, n := range nodes {
+		ni := snap.Get(n.Name)
+		switch {
+		case ni == nil:
+			ni = &NodeInfo{Node: n}
+		case ni.Node != n:
+			c := *ni
+			c.Node = n
+			ni = &c
+		}
+		out[i] = ni
+	}
+	return out
+}
+
+// Filter runs the filters.
+func (f *Framework) Filter(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) FilterResult {
+	res := FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}}
+	snap := f.Snapshot()
+	infos := nodeInfos(snap, nodes)
+	checks := make([]NodeFilter, 0, len(f.Filters))
+	for _, p := range f.Filters {
+		check, err := p.PreFilter(ctx, snap, pod)
+		if err != nil {
+			for _, n := range nodes {
+				res.Unresolvable[n.Name] = err.Error()
+			}
+			return res
+		}
+		if check != nil {
+			checks = append(checks, check)
+		}
+	}
+nodes:
+	for _, ni := range infos {
+		for _, check := range checks {
+			if st := check(ni); st != nil {
+				if st.Code == UnschedulableAndUnresolvable {
+					res.Unresolvable[ni.Node.Name] = st.Reason
+				} else {
+					res.Failed[ni.Node.Name] = st.Reason
+				}
+				continue nodes
+			}
+		}
+		res.Passing = append(res.Passing, ni.Node)
+	}
+	return res
+}
+
+// Prioritize sums the plugins' weighted scores and scales the sum to the
+// extender's 0..10: a node scoring MaxNodeScore in every plugin gets 10.
+// Registered in kube-scheduler with weight TotalWeight(), the extender then
+// adds to a node's score what the in-tree plugins with these weights would.
+func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) (extenderv1.HostPriorityList, error) {
+	snap := f.Snapshot()
+	infos := nodeInfos(snap, nodes)
+	sum := make([]int64, len(nodes))
+	for _, ws := range f.Scores {
+		scores, err := ws.Plugin.Score(ctx, snap, pod, infos)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", ws.Plugin.Name(), err)
+		}
+		if len(scores) != len(nodes) {
+			return nil, fmt.Errorf("%s scored %d nodes of %d", ws.Plugin.Name(), len(scores), len(nodes))
+		}
+		for i, s := range scores {
+			sum[i] += ws.Weight * min(max(s, 0), MaxNodeScore)
+		}
+	}
+	out := make(extenderv1.HostPriorityList, len(nodes))
+	total := f.TotalWeight() * MaxNodeScore
+	for i, n := range nodes {
+		out[i].Host = n.Name
+		if total > 0 {
+			out[i].Score = int64(math.Round(float64(sum[i]) * float64(extenderv1.MaxExtenderPriority) / float64(total)))
+		}
+	}
+	return out, nil
+}
+
+// TotalWeight is the sum of the score plugins' weights: the weight to give
+// the extender in KubeSchedulerConfiguration.
+func (f *Framework) TotalWeight() int64 {
+	var w int64
+	for _, ws := range f.Scores {
+		w += ws.Weight
+	}
+	return w
+}

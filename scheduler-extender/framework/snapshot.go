@@ -1,0 +1,115 @@
+package framework
+
+import (
+	"sort"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// Snapshot is the cluster state one decision reads. The extender's informer
+// cache gives one per request; tests build one from slices (NewSnapshot).
+// A Snapshot and everything it returns are read-only.
+type Snapshot interface {
+	// List is every node with its pods, sorted by name.
+	List() []*NodeInfo
+	// Get is a node by name, nil when unknown.
+	Get(name string) *NodeInfo
+	// Namespace is a namespace by name, nil when unknown.
+	Namespace(name string) *v1.Namespace
+}
+
+// NodeInfo is a node and the pods bound to it that still hold it (not
+// Succeeded or Failed).
+type NodeInfo struct {
+	Node *v1.Node
+	Pods []*PodInfo
+	// PodsWithAffinity have pod affinity or anti-affinity of any kind;
+	// PodsWithRequiredAntiAffinity have required anti-affinity. Both are
+	// subsets of Pods, kept so that checks against running pods do not
+	// walk every pod.
+	PodsWithAffinity             []*PodInfo
+	PodsWithRequiredAntiAffinity []*PodInfo
+}
+
+// NewNodeInfo makes a NodeInfo of a node and its pods.
+func NewNodeInfo(node *v1.Node, pods ...*PodInfo) *NodeInfo {
+	ni := &NodeInfo{Node: node}
+	for _, p := range pods {
+		ni.AddPod(p)
+	}
+	return ni
+}
+
+// AddPod adds a pod to the node's lists. (Only for a NodeInfo nobody reads
+// yet: snapshots are read-only.)
+func (ni *NodeInfo) AddPod(p *PodInfo) {
+	ni.Pods = append(ni.Pods, p)
+	if p.HasAffinity() {
+		ni.PodsWithAffinity = append(ni.PodsWithAffinity, p)
+	}
+	if p.HasRequiredAntiAffinity() {
+		ni.PodsWithRequiredAntiAffinity = append(ni.PodsWithRequiredAntiAffinity, p)
+	}
+}
+
+// Terminal says whether a pod no longer holds its node.
+func Terminal(p *v1.Pod) bool {
+	return p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
+}
+
+// MapSnapshot is a Snapshot built once from slices.
+type MapSnapshot struct {
+	list       []*NodeInfo
+	nodes      map[string]*NodeInfo
+	namespaces map[string]*v1.Namespace
+}
+
+// NewSnapshot builds a Snapshot: pods count on the node they are bound to
+// (spec.nodeName); unbound and terminal pods are left out, as are pods of
+// nodes not in nodes.
+func NewSnapshot(nodes []*v1.Node, pods []*v1.Pod, namespaces []*v1.Namespace) *MapSnapshot {
+	s := &MapSnapshot{nodes: map[string]*NodeInfo{}, namespaces: map[string]*v1.Namespace{}}
+	for _, n := range nodes {
+		ni := &NodeInfo{Node: n}
+		s.nodes[n.Name] = ni
+		s.list = append(s.list, ni)
+	}
+	sort.Slice(s.list, func(i, j int) bool { return s.list[i].Node.Name < s.list[j].Node.Name })
+	for _, p := range pods {
+		if ni := s.nodes[p.Spec.NodeName]; ni != nil && !Terminal(p) {
+			ni.AddPod(NewPodInfo(p))
+		}
+	}
+	for _, ns := range namespaces {
+		s.namespaces[ns.Name] = ns
+	}
+	return s
+}
+
+// SnapshotOf makes a Snapshot of NodeInfos by node name (those without a
+// Node are left out) and namespaces by name. It keeps the maps: the caller
+// must not change them afterwards.
+func SnapshotOf(nodes map[string]*NodeInfo, namespaces map[string]*v1.Namespace) *MapSnapshot {
+	s := &MapSnapshot{nodes: nodes, namespaces: namespaces, list: make([]*NodeInfo, 0, len(nodes))}
+	for _, ni := range nodes {
+		if ni.Node != nil {
+			s.list = append(s.list, ni)
+		}
+	}
+	sort.Slice(s.list, func(i, j int) bool { return s.list[i].Node.Name < s.list[j].Node.Name })
+	return s
+}
+
+// List implements Snapshot.
+func (s *MapSnapshot) List() []*NodeInfo { return s.list }
+
+// Get implements Snapshot.
+func (s *MapSnapshot) Get(name string) *NodeInfo {
+	if ni := s.nodes[name]; ni != nil && ni.Node != nil {
+		return ni
+	}
+	return nil
+}
+
+// Namespace implements Snapshot.
+func (s *MapSnapshot) Namespace(name string) *v1.Namespace { return s.namespaces[name] }

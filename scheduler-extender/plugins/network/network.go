@@ -1,0 +1,380 @@
+// Package network is what only the network knows about placing a pod: the
+// tabby plugin of tabby-scheduler-extender.
+//
+// Filter: a node fails when the pod could not get an address there (its
+// requested pools' nodeSelectors exclude the node; the node's blocks are
+// full and it can neither claim another block nor borrow), or when the
+// node's tabbyd is not ready (its heartbeat Lease has lapsed). Score: nodes
+// with free addresses in their own blocks come first, then nodes that would
+// claim a new block, then nodes that would have to borrow.
+package network
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/scheduler-extender/framework"
+)
+
+// Name is the plugin's name.
+const Name = "TabbyNetwork"
+
+// Scores of a node by where the pod's addresses would come from.
+const (
+	ScoreOwnBlock = framework.MaxNodeScore     // a free address in the node's own blocks
+	ScoreClaim    = framework.MaxNodeScore / 2 // the node would claim a new block
+	ScoreBorrow   = 0                          // the node would borrow from another node's block
+)
+
+// Block is what the plugin needs of an IPAMBlock.
+type Block struct {
+	CIDR netip.Prefix
+	// Node holds the block's affinity ("" for none).
+	Node string
+	// Free addresses (none in a block being deleted).
+	Free int
+}
+
+// BlockOf summarises an IPAMBlock; ok is false when its CIDR does not parse.
+func BlockOf(b *tabbyv1.IPAMBlock) (Block, bool) {
+	pfx, err := netip.ParsePrefix(b.Spec.CIDR)
+	if err != nil {
+		return Block{}, false
+	}
+	out := Block{CIDR: pfx.Masked(), Node: strings.TrimPrefix(b.Spec.Affinity, "host:")}
+	if b.Spec.Affinity == "" {
+		out.Node = ""
+	}
+	if !b.Spec.Deleted {
+		out.Free = len(b.Spec.Unallocated)
+	}
+	return out, true
+}
+
+// Inputs is the network state one decision reads.
+type Inputs struct {
+	Pools  []*tabbyv1.IPPool
+	Blocks []Block
+	// Config is the IPAMConfiguration "default" (the defaults when there is
+	// none).
+	Config tabbyv1.IPAMConfigurationSpec
+	// Heartbeats maps a node to when its tabbyd's heartbeat lapses; nil
+	// means heartbeats are not checked.
+	Heartbeats map[string]time.Time
+	Now        time.Time
+}
+
+// Plugin is the TabbyNetwork filter and score.
+type Plugin struct {
+	// Inputs gives the state for one request.
+	Inputs func() *Inputs
+	// Families the pod network gives every pod (the CNI config's ipv4/ipv6),
+	// unless a pod's pool annotations say otherwise; default IPv4 only.
+	Families []int
+}
+
+var (
+	_ framework.FilterPlugin = (*Plugin)(nil)
+	_ framework.ScorePlugin  = (*Plugin)(nil)
+)
+
+// Name implements framework.Plugin.
+func (*Plugin) Name() string { return Name }
+
+// poolState is one candidate pool, precomputed for a request.
+type poolState struct {
+	obj      *tabbyv1.IPPool
+	prefix   netip.Prefix
+	selector labels.Selector // nil: every node
+	// unclaimed says a block of the pool is still free to claim; borrowable
+	// that some block has a free address.
+	unclaimed, borrowable bool
+	// own is the free addresses per node in its own blocks of this pool.
+	own map[string]int
+}
+
+// familyState is the candidate pools of one address family.
+type familyState struct {
+	family int
+	pools  []*poolState
+	// fixed: the pod asks for exact addresses (tabby.io/ipAddrs); only the
+	// pools holding them matter, and capacity does not.
+	fixed bool
+}
+
+// request is what PreFilter works out once per pod.
+type request struct {
+	in         *Inputs
+	families   []*familyState
+	nodeBlocks map[string]int
+}
+
+// PreFilter implements framework.FilterPlugin.
+func (p *Plugin) PreFilter(_ context.Context, snap framework.Snapshot, pod *v1.Pod) (framework.NodeFilter, error) {
+	r, err := p.prepare(snap, pod)
+	if err != nil {
+		return nil, err
+	}
+	return func(n *framework.NodeInfo) *framework.Status { _, st := r.place(n.Node); return st }, nil
+}
+
+// Score implements framework.ScorePlugin.
+func (p *Plugin) Score(_ context.Context, snap framework.Snapshot, pod *v1.Pod, nodes []*framework.NodeInfo) ([]int64, error) {
+	scores := make([]int64, len(nodes))
+	r, err := p.prepare(snap, pod)
+	if err != nil {
+		return scores, nil // Filter reported it; every node scores the same
+	}
+	for i, n := range nodes {
+		scores[i], _ = r.place(n.Node)
+	}
+	return scores, nil
+}
+
+// annotation reads a JSON list annotation of the pod, else of its namespace.
+func annotation(pod *v1.Pod, ns *v1.Namespace, key string, podOnly bool) ([]string, bool, error) {
+	src, v, ok := "pod "+pod.Namespace+"/"+pod.Name, "", false
+	if v, ok = pod.Annotations[key]; !ok && ns != nil && !podOnly {
+		src = "namespace " + ns.Name
+		v, ok = ns.Annotations[key]
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	var l []string
+	if err := json.Unmarshal([]byte(v), &l); err != nil {
+		return nil, true, fmt.Errorf("tabby: %s: annotation %s must be a JSON list of strings, like [\"a\",\"b\"]: %v", src, key, err)
+	}
+	return l, true, nil
+}
+
+func (p *Plugin) prepare(snap framework.Snapshot, pod *v1.Pod) (*request, error) {
+	in := p.Inputs()
+	var ns *v1.Namespace
+	if snap != nil {
+		ns = snap.Namespace(pod.Namespace)
+	}
+	r := &request{in: in, nodeBlocks: map[string]int{}}
+	for _, b := range in.Blocks {
+		if b.Node != "" {
+			r.nodeBlocks[b.Node]++
+		}
+	}
+	wanted := map[int][]string{}
+	families := map[int]bool{}
+	for f, key := range map[int]string{4: tabbyv1.AnnotationIPv4Pools, 6: tabbyv1.AnnotationIPv6Pools} {
+		names, ok, err := annotation(pod, ns, key, false)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			wanted[f], families[f] = names, true
+		}
+	}
+	fixed := map[int][]netip.Addr{}
+	addrs, ok, err := annotation(pod, ns, tabbyv1.AnnotationIPAddrs, true)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		families = map[int]bool{}
+		for _, s := range addrs {
+			a, err := netip.ParseAddr(s)
+			if err != nil {
+				return nil, fmt.Errorf("tabby: pod %s/%s: annotation %s holds %q, which is not an IP address", pod.Namespace, pod.Name, tabbyv1.AnnotationIPAddrs, s)
+			}
+			f := 4
+			if a.Is6() && !a.Is4In6() {
+				f = 6
+			}
+			fixed[f] = append(fixed[f], a.Unmap())
+			families[f] = true
+		}
+	}
+	if len(families) == 0 {
+		fams := p.Families
+		if len(fams) == 0 {
+			fams = []int{4}
+		}
+		for _, f := range fams {
+			families[f] = true
+		}
+	}
+	for _, f := range []int{4, 6} {
+		if !families[f] {
+			continue
+		}
+		fs, err := r.familyState(f, wanted[f], fixed[f])
+		if err != nil {
+			return nil, err
+		}
+		r.families = append(r.families, fs)
+	}
+	return r, nil
+}
+
+func (r *request) familyState(family int, names []string, fixed []netip.Addr) (*familyState, error) {
+	fs := &familyState{family: family, fixed: len(fixed) > 0}
+	byName := map[string]*tabbyv1.IPPool{}
+	for _, o := range r.in.Pools {
+		byName[o.Name] = o
+	}
+	usable := func(o *tabbyv1.IPPool) bool {
+		return o.Family() == family && !o.Spec.Disabled && o.AllowsUse(tabbyv1.UseWorkload)
+	}
+	var chosen []*tabbyv1.IPPool
+	switch {
+	case fs.fixed:
+		for _, a := range fixed {
+			var holder *tabbyv1.IPPool
+			for _, o := range r.in.Pools {
+				if pfx, err := o.Prefix(); err == nil && pfx.Contains(a) && usable(o) {
+					holder = o
+				}
+			}
+			if holder == nil {
+				return nil, fmt.Errorf("tabby: the address %s the pod asks for (%s) is in no enabled IPv%d pool", a, tabbyv1.AnnotationIPAddrs, family)
+			}
+			chosen = append(chosen, holder)
+		}
+	case len(names) > 0:
+		for _, n := range names {
+			o := byName[n]
+			switch {
+			case o == nil:
+				return nil, fmt.Errorf("tabby: the pod asks for IPv%d pool %q, which does not exist: create it or fix the annotation", family, n)
+			case !usable(o):
+				return nil, fmt.Errorf("tabby: the pod asks for pool %q, which is not an enabled IPv%d pool for workloads", n, family)
+			}
+			chosen = append(chosen, o)
+		}
+	default:
+		for _, o := range r.in.Pools {
+			if usable(o) {
+				chosen = append(chosen, o)
+			}
+		}
+		if len(chosen) == 0 {
+			return nil, fmt.Errorf("tabby: there is no enabled IPv%d IPPool: create one", family)
+		}
+	}
+	for _, o := range chosen {
+		ps, err := r.poolState(o)
+		if err != nil {
+			return nil, err
+		}
+		fs.pools = append(fs.pools, ps)
+	}
+	return fs, nil
+}
+
+func (r *request) poolState(o *tabbyv1.IPPool) (*poolState, error) {
+	pfx, err := o.Prefix()
+	if err != nil {
+		return nil, fmt.Errorf("tabby: pool %s: %w", o.Name, err)
+	}
+	ps := &poolState{obj: o, prefix: pfx.Masked(), own: map[string]int{}}
+	if o.Spec.NodeSelector != nil {
+		sel, err := metav1.LabelSelectorAsSelector(o.Spec.NodeSelector)
+		if err != nil {
+			return nil, fmt.Errorf("tabby: pool %s has an invalid nodeSelector: %w", o.Name, err)
+		}
+		if !sel.Empty() {
+			ps.selector = sel
+		}
+	}
+	claimed := 0
+	for _, b := range r.in.Blocks {
+		if !ps.prefix.Contains(b.CIDR.Addr()) {
+			continue
+		}
+		claimed++
+		if b.Free > 0 {
+			ps.borrowable = true
+			if b.Node != "" {
+				ps.own[b.Node] += b.Free
+			}
+		}
+	}
+	bits := o.EffectiveBlockSize() - ps.prefix.Bits()
+	ps.unclaimed = bits >= 31 || claimed < 1<<bits
+	return ps, nil
+}
+
+// place scores a node for the pod, or says why the pod cannot go there.
+func (r *request) place(n *v1.Node) (int64, *framework.Status) {
+	if r.in.Heartbeats != nil {
+		until, ok := r.in.Heartbeats[n.Name]
+		switch {
+		case !ok:
+			return 0, framework.Fail(framework.UnschedulableAndUnresolvable, "node(s) had no tabbyd running (no heartbeat Lease)")
+		case !r.in.Now.Before(until):
+			return 0, framework.Fail(framework.UnschedulableAndUnresolvable, "node(s) had tabbyd not ready (its heartbeat Lease lapsed)")
+		}
+	}
+	score := framework.MaxNodeScore
+	for _, fs := range r.families {
+		s, st := r.placeFamily(fs, n)
+		if st != nil {
+			return 0, st
+		}
+		score = min(score, s)
+	}
+	return score, nil
+}
+
+func (r *request) placeFamily(fs *familyState, n *v1.Node) (int64, *framework.Status) {
+	var admit []*poolState
+	var excluded []string
+	for _, ps := range fs.pools {
+		if ps.selector == nil || ps.selector.Matches(labels.Set(n.Labels)) {
+			admit = append(admit, ps)
+		} else {
+			excluded = append(excluded, fmt.Sprintf("pool %s: its nodeSelector %q does not match", ps.obj.Name, ps.selector))
+		}
+	}
+	if len(admit) == 0 {
+		sort.Strings(excluded)
+		return 0, framework.Fail(framework.UnschedulableAndUnresolvable, "node(s) had no tabby IPv%d pool the pod may use (%s)", fs.family, strings.Join(excluded, "; "))
+	}
+	if fs.fixed {
+		return framework.MaxNodeScore, nil
+	}
+	canClaim := r.in.Config.MaxBlocksPerHost <= 0 || r.nodeBlocks[n.Name] < r.in.Config.MaxBlocksPerHost
+	var claimable, borrowable bool
+	var names []string
+	for _, ps := range admit {
+		if ps.own[n.Name] > 0 {
+			return ScoreOwnBlock, nil
+		}
+		claimable = claimable || ps.unclaimed
+		borrowable = borrowable || ps.borrowable
+		names = append(names, ps.obj.Name)
+	}
+	if canClaim && claimable {
+		return ScoreClaim, nil
+	}
+	if !r.in.Config.StrictAffinity && borrowable {
+		return ScoreBorrow, nil
+	}
+	why := "the pools have no unclaimed block left"
+	if !canClaim {
+		why = fmt.Sprintf("they hold the most blocks a node may (IPAMConfiguration maxBlocksPerHost=%d)", r.in.Config.MaxBlocksPerHost)
+	}
+	borrow := "borrowing is off (IPAMConfiguration strictAffinity)"
+	if !r.in.Config.StrictAffinity {
+		borrow = "no other node's block has a free address to borrow"
+	}
+	return 0, framework.Fail(framework.Unschedulable, "node(s) had no free tabby IPv%d address for the pod: their blocks in pool(s) %s are full, %s, and %s",
+		fs.family, strings.Join(names, ", "), why, borrow)
+}

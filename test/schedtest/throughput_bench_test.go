@@ -1,0 +1,168 @@
+package schedtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/test/cluster/clustertest"
+)
+
+const (
+	benchNodes = 500
+	benchPods  = 1000
+	// plainScheduler is a second kube-scheduler with the default plugins
+	// and no extender: the baseline.
+	plainScheduler = "plain-scheduler"
+)
+
+var benchOnce sync.Once
+
+// benchFixture adds 500 nodes (with tabbyd heartbeats; 10 zones) and starts
+// the plain scheduler, once.
+func benchFixture(b *testing.B, cs kubernetes.Interface) {
+	var err error
+	benchOnce.Do(func() {
+		ctx := context.Background()
+		res := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("110"), corev1.ResourceCPU: resource.MustParse("32"), corev1.ResourceMemory: resource.MustParse("128Gi")}
+		parallel(benchNodes, func(i int) error {
+			name := fmt.Sprintf("bench-%03d", i)
+			n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+				corev1.LabelHostname: name, corev1.LabelTopologyZone: fmt.Sprintf("z%d", i%10), "bench": "true"}},
+				Status: corev1.NodeStatus{Capacity: res, Allocatable: res,
+					Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Bench"}}}}
+			if _, err := cs.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+				return err
+			}
+			if _, err := cs.CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(`{"spec":{"taints":[]}}`), metav1.PatchOptions{}); err != nil {
+				return err
+			}
+			now := metav1.NewMicroTime(time.Now())
+			_, err := cs.CoordinationV1().Leases("tabby-system").Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "tabbyd-" + name},
+				Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To(int32(3600)), RenewTime: &now}}, metav1.CreateOptions{})
+			return err
+		}, &err)
+		if err != nil {
+			return
+		}
+		_, err = clustertest.Cluster().StartScheduler(ctx, cluster.SchedulerOptions{Name: plainScheduler,
+			Config: []byte("profiles:\n- schedulerName: " + plainScheduler + "\n")})
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// parallel runs f(0..n-1) on 32 workers; the first error lands in *errp.
+func parallel(n int, f func(int) error, errp *error) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := f(i); err != nil {
+					mu.Lock()
+					if *errp == nil {
+						*errp = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// BenchmarkSchedulingThroughput creates 1,000 pods at once for 500 nodes and
+// measures until kube-scheduler has bound them all: once with tabby's
+// configuration (extender, in-tree rules disabled) and once with the
+// default plugins and no extender. Half of the pods spread over zones
+// (ScheduleAnyway) so that both schedulers do real work.
+func BenchmarkSchedulingThroughput(b *testing.B) {
+	rc := rest.CopyConfig(clustertest.Config())
+	rc.QPS, rc.Burst = -1, 0
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fixture of the tests, for the tabby-system namespace and pools.
+	var ferr error
+	fixtureOnce.Do(func() { ferr = makeFixture(cs, clustertest.Client(b)) })
+	if ferr != nil {
+		b.Fatal(ferr)
+	}
+	benchFixture(b, cs)
+	for _, sched := range []string{"default-scheduler", plainScheduler} {
+		b.Run(sched, func(b *testing.B) {
+			var total time.Duration
+			for i := 0; i < b.N; i++ {
+				total += scheduleBatch(b, cs, sched, i)
+			}
+			b.ReportMetric(float64(benchPods*b.N)/total.Seconds(), "pods/s")
+		})
+	}
+}
+
+func scheduleBatch(b *testing.B, cs kubernetes.Interface, sched string, round int) time.Duration {
+	ctx := context.Background()
+	ns := fmt.Sprintf("bench-%s-%d-%d", sched, round, time.Now().UnixNano()%100000)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = cs.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}, metav1.ListOptions{})
+		_ = cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	}()
+	start := time.Now()
+	var err error
+	parallel(benchPods, func(i int) error {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%04d", i), Namespace: ns, Labels: map[string]string{"app": fmt.Sprintf("a%d", i%2)}},
+			Spec: corev1.PodSpec{SchedulerName: sched, NodeSelector: map[string]string{"bench": "true"},
+				Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+		if i%2 == 0 {
+			p.Spec.TopologySpreadConstraints = []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: corev1.LabelTopologyZone,
+				WhenUnsatisfiable: corev1.ScheduleAnyway, LabelSelector: &metav1.LabelSelector{MatchLabels: p.Labels}}}
+		}
+		_, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+		return err
+	}, &err)
+	if err != nil {
+		b.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		l, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName="})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(l.Items) == 0 {
+			return time.Since(start)
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s: %d of %d pods still unscheduled after 5 minutes: %s", sched, len(l.Items), benchPods, scheduledCondition(&l.Items[0]))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
