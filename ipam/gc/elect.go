@@ -1,0 +1,193 @@
+package gc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// Leader election defaults, as kube-controller-manager's.
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+)
+
+// Election configures the Lease the collectors elect their active one with.
+type Election struct {
+	// Leases reaches coordination.k8s.io (required).
+	Leases coordinationv1client.LeasesGetter
+	// Namespace and Name of the Lease (Name default DefaultLeaseName).
+	Namespace, Name string
+	// Identity of this candidate, e.g. its node name (required; unique).
+	Identity string
+	// LeaseDuration, RenewDeadline and RetryPeriod: see client-go's
+	// leaderelection (defaults DefaultLeaseDuration, DefaultRenewDeadline,
+	// DefaultRetryPeriod).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// RunElected takes part in the election until ctx ends, and runs the
+// collector (Run) while it holds the Lease. When it loses the Lease the
+// passes stop, and it stands again. When ctx ends the passes stop first,
+// then the Lease is released, so another candidate takes over at once.
+func (g *GC) RunElected(ctx context.Context, e Election) error {
+	if e.Leases == nil || e.Namespace == "" || e.Identity == "" {
+		return errors.New("ipam gc: the election needs a Leases client, a namespace and an identity")
+	}
+	if e.Name == "" {
+		e.Name = DefaultLeaseName
+	}
+	if e.LeaseDuration == 0 {
+		e.LeaseDuration = DefaultLeaseDuration
+	}
+	if e.RenewDeadline == 0 {
+		e.RenewDeadline = DefaultRenewDeadline
+	}
+	if e.RetryPeriod == 0 {
+		e.RetryPeriod = DefaultRetryPeriod
+	}
+	lock := &loggingLock{Interface: &resourcelock.LeaseLock{
+		LeaseMeta:  metaOf(e.Namespace, e.Name),
+		Client:     e.Leases,
+		LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
+	}, g: g, where: e.Namespace + "/" + e.Name}
+
+	// The election runs on its own context, cancelled only once the passes
+	// have stopped: the Lease is released after the last write.
+	electCtx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopElection()
+	var mu sync.Mutex
+	ended := sync.NewCond(&mu)
+	terms := 0 // terms whose passes are running
+	waitTerms := func() {
+		mu.Lock()
+		for terms > 0 {
+			ended.Wait()
+		}
+		mu.Unlock()
+	}
+	go func() {
+		<-ctx.Done()
+		waitTerms()
+		stopElection()
+	}()
+	lead := func(lctx context.Context) {
+		mu.Lock()
+		terms++
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			terms--
+			ended.Broadcast()
+			mu.Unlock()
+		}()
+		wctx, cancel := context.WithCancel(lctx)
+		defer cancel()
+		stop := context.AfterFunc(ctx, cancel)
+		defer stop()
+		if wctx.Err() != nil {
+			return
+		}
+		g.leading.Store(true)
+		g.met.leader.Set(1)
+		g.log.Info("leading the IPAM garbage collection", "lease", e.Namespace+"/"+e.Name, "identity", e.Identity)
+		defer func() {
+			g.leading.Store(false)
+			g.met.leader.Set(0)
+			g.met.candidates.Set(0) // the next leader counts them
+			g.log.Info("stopped leading the IPAM garbage collection", "identity", e.Identity)
+		}()
+		for wctx.Err() == nil {
+			err := g.Run(wctx)
+			if err == nil || wctx.Err() != nil {
+				return
+			}
+			g.log.Warn("the IPAM garbage collector stopped; starting it again", "error", err)
+			select {
+			case <-wctx.Done():
+			case <-time.After(e.RetryPeriod):
+			}
+		}
+	}
+	for electCtx.Err() == nil {
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			LeaseDuration:   e.LeaseDuration,
+			RenewDeadline:   e.RenewDeadline,
+			RetryPeriod:     e.RetryPeriod,
+			ReleaseOnCancel: true,
+			Name:            e.Name,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: lead,
+				OnStoppedLeading: func() {},
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("ipam gc: leader election: %w", err)
+		}
+		le.Run(electCtx) // returns when the Lease is lost or the election ends
+		waitTerms()
+	}
+	return nil
+}
+
+func metaOf(namespace, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: namespace, Name: name}
+}
+
+// loggingLock says once, in tabbyd's log, why the Lease cannot be had (a
+// missing namespace, missing RBAC, an unreachable API server), and when
+// it can again; client-go's elector only retries.
+type loggingLock struct {
+	resourcelock.Interface
+	g     *GC
+	where string
+	mu    sync.Mutex
+	last  string
+}
+
+func (l *loggingLock) note(op string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case err == nil && l.last != "":
+		l.last = ""
+		l.g.log.Info("the IPAM garbage collector's Lease is reachable again", "lease", l.where)
+	case err != nil && err.Error() != l.last:
+		l.last = err.Error()
+		l.g.log.Warn("cannot "+op+" the IPAM garbage collector's Lease: check that the namespace exists and that tabbyd may get, create and update leases there", "lease", l.where, "error", err)
+	}
+}
+
+func (l *loggingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
+	r, b, err := l.Interface.Get(ctx)
+	if err == nil || !apierrors.IsNotFound(err) {
+		l.note("read", err)
+	}
+	return r, b, err
+}
+
+func (l *loggingLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	err := l.Interface.Create(ctx, ler)
+	if !apierrors.IsAlreadyExists(err) {
+		l.note("create", err)
+	}
+	return err
+}
+
+func (l *loggingLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
+	err := l.Interface.Update(ctx, ler)
+	if !apierrors.IsConflict(err) {
+		l.note("update", err)
+	}
+	return err
+}

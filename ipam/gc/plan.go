@@ -1,0 +1,513 @@
+package gc
+
+// The pure half of the garbage collector: from what one pass sees (blocks,
+// affinities, handles, pools, pods, nodes), what it remembers (since when
+// each thing has been a candidate) and the time, which allocations, blocks,
+// affinities and handles are candidates and which of them are due. Nothing
+// here talks to the API server.
+
+import (
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+)
+
+// Reason says why an allocation is a candidate for release.
+type Reason string
+
+const (
+	// ReasonPodGone: the allocation names a pod the API server does not have.
+	ReasonPodGone Reason = "pod-gone"
+	// ReasonPodOtherAddresses: the pod is Running with another sandbox: its
+	// status lists addresses, not this one, and one of them is held by a
+	// newer allocation of the same pod on the same network (the old
+	// sandbox's CNI DEL never came). A pod with no addresses in its status
+	// yet (between CNI ADD and the kubelet's status update) is never this.
+	ReasonPodOtherAddresses Reason = "pod-has-other-addresses"
+	// ReasonPodFinished: the pod Succeeded or Failed; the kubelet has torn
+	// its sandbox down.
+	ReasonPodFinished Reason = "pod-finished"
+	// ReasonNodeGone: a tunnel address, or an address with no pod identity,
+	// whose node the API server no longer has.
+	ReasonNodeGone Reason = "node-gone"
+)
+
+// PodKey names a pod.
+type PodKey struct{ Namespace, Name string }
+
+// Snapshot is what one pass reads. Objects may be shared with a cache:
+// nothing here modifies them.
+type Snapshot struct {
+	Blocks     []*tabbyv1.IPAMBlock
+	Affinities []*tabbyv1.BlockAffinity
+	Handles    []*tabbyv1.IPAMHandle
+	Pools      []*tabbyv1.IPPool
+	// Pods by namespace and name; Nodes by name (present means it exists).
+	Pods  map[PodKey]*corev1.Pod
+	Nodes map[string]bool
+}
+
+// Allocation is one held address of a block.
+type Allocation struct {
+	// Block is the block's object name, CIDR its prefix.
+	Block   string
+	CIDR    netip.Prefix
+	Ordinal int
+	IP      netip.Addr
+	// Sequence is the block's sequence number the address was allocated
+	// with (HasSequence false when the block does not record it).
+	Sequence    uint64
+	HasSequence bool
+	Attr        tabbyv1.AllocationAttribute
+	// BlockNode is the node the block is affine to ("" for none).
+	BlockNode string
+}
+
+// Node is the node the allocation was made for: its attribute's, else the
+// block's.
+func (a Allocation) Node() string {
+	if a.Attr.Node != "" {
+		return a.Attr.Node
+	}
+	return a.BlockNode
+}
+
+// Tunnel says whether the address is a node's tunnel address (IPIP or
+// VXLAN): use Tunnel, or a handle named <kind>-tunnel-addr-<node>.
+func (a Allocation) Tunnel() bool {
+	return a.Attr.Use == tabbyv1.UseTunnel || strings.HasPrefix(a.Attr.HandleID, "vxlan-tunnel-addr-") ||
+		strings.HasPrefix(a.Attr.HandleID, "ipip-tunnel-addr-")
+}
+
+// PodKey is the pod the allocation names, false when it names none (a
+// tunnel address, or an allocation made without pod identity: no pod name
+// and namespace).
+func (a Allocation) PodKey() (PodKey, bool) {
+	if a.Tunnel() || a.Attr.Pod == "" || a.Attr.Namespace == "" {
+		return PodKey{}, false
+	}
+	return PodKey{a.Attr.Namespace, a.Attr.Pod}, true
+}
+
+// key identifies the allocation across passes: a release that finds the
+// address reallocated (another handle or sequence number) is refused.
+func (a Allocation) key() string {
+	return "a/" + a.Block + "/" + strconv.Itoa(a.Ordinal) + "/" + a.Attr.HandleID + "/" + strconv.FormatUint(a.Sequence, 10)
+}
+
+// blockNode is the node a block is affine to ("" for none or another form).
+func blockNode(b *tabbyv1.IPAMBlock) string {
+	n, _ := strings.CutPrefix(b.Spec.Affinity, "host:")
+	if n == b.Spec.Affinity {
+		return ""
+	}
+	return n
+}
+
+// Allocations lists the held addresses of a block, by ordinal (none when
+// the block is corrupted).
+func Allocations(b *tabbyv1.IPAMBlock) []Allocation {
+	p, err := netip.ParsePrefix(b.Spec.CIDR)
+	if err != nil || p.Addr().BitLen()-p.Bits() > 12 {
+		return nil
+	}
+	p = p.Masked()
+	if len(b.Spec.Allocations) != 1<<(p.Addr().BitLen()-p.Bits()) {
+		return nil
+	}
+	node := blockNode(b)
+	var out []Allocation
+	for ord, idx := range b.Spec.Allocations {
+		if idx < 0 || idx >= len(b.Spec.Attributes) {
+			continue
+		}
+		seq, ok := b.Spec.SequenceNumberForAllocation[strconv.Itoa(ord)]
+		out = append(out, Allocation{
+			Block: b.Name, CIDR: p, Ordinal: ord, IP: addrAt(p, ord),
+			Sequence: seq, HasSequence: ok, Attr: b.Spec.Attributes[idx], BlockNode: node,
+		})
+	}
+	return out
+}
+
+// addrAt is the address at ordinal ord of block p (aligned, at most 4096
+// addresses, so the low 32 bits carry the offset).
+func addrAt(p netip.Prefix, ord int) netip.Addr {
+	b := p.Addr().As16()
+	low := uint32(b[12])<<24 | uint32(b[13])<<16 | uint32(b[14])<<8 | uint32(b[15])
+	low += uint32(ord)
+	b[12], b[13], b[14], b[15] = byte(low>>24), byte(low>>16), byte(low>>8), byte(low)
+	a := netip.AddrFrom16(b)
+	if p.Addr().Is4() {
+		return a.Unmap()
+	}
+	return a
+}
+
+// podIPs are the addresses a pod's status lists.
+func podIPs(p *corev1.Pod) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	if len(out) == 0 && p.Status.PodIP != "" {
+		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
+// network is the CNI network of a pod allocation's handle
+// ("<network>.<containerID>"; container IDs have no dots).
+func network(handle string) string {
+	if i := strings.LastIndexByte(handle, '.'); i >= 0 {
+		return handle[:i]
+	}
+	return handle
+}
+
+// Holders finds who holds an address (nil: nobody, as far as is known).
+type Holders func(netip.Addr) *Allocation
+
+// HoldersOf indexes the allocations of blocks by address.
+func HoldersOf(blocks []*tabbyv1.IPAMBlock) Holders {
+	m := map[netip.Addr]Allocation{}
+	for _, b := range blocks {
+		for _, a := range Allocations(b) {
+			m[a.IP] = a
+		}
+	}
+	return func(ip netip.Addr) *Allocation {
+		if a, ok := m[ip]; ok {
+			return &a
+		}
+		return nil
+	}
+}
+
+// Judge says whether an allocation is a candidate for release, given its
+// pod (nil: the API server has none), whether its node exists, and who
+// holds the addresses the pod's status lists.
+//
+//   - An allocation that names a pod is a candidate when the pod is gone,
+//     or has finished (Succeeded, Failed), or has been given another
+//     sandbox: it is Running, its status lists addresses, not this one,
+//     and one of them is held by another allocation of the same pod on the
+//     same CNI network (a newer handle). A pod that exists and is not
+//     Running, or lists no address yet (between CNI ADD and the kubelet's
+//     status update), keeps its address; so does an address of a second
+//     network (Multus), whose addresses the status never lists. The node
+//     does not matter: a pod bound to a deleted node keeps its address
+//     until the pod is deleted (kube-controller-manager's pod GC does that).
+//   - A tunnel address, or an allocation without pod identity, belongs to
+//     its node: a candidate only once the node is gone.
+func Judge(a Allocation, pod *corev1.Pod, nodeExists bool, holders Holders) (Reason, bool) {
+	if k, ok := a.PodKey(); ok {
+		if pod == nil {
+			return ReasonPodGone, true
+		}
+		switch pod.Status.Phase {
+		case corev1.PodSucceeded, corev1.PodFailed:
+			return ReasonPodFinished, true
+		case corev1.PodRunning:
+			ips := podIPs(pod)
+			for _, ip := range ips {
+				if ip == a.IP {
+					return "", false
+				}
+			}
+			for _, ip := range ips {
+				h := holders(ip)
+				if h == nil || h.Attr.HandleID == a.Attr.HandleID || network(h.Attr.HandleID) != network(a.Attr.HandleID) {
+					continue
+				}
+				if hk, ok := h.PodKey(); ok && hk == k {
+					return ReasonPodOtherAddresses, true
+				}
+			}
+		}
+		return "", false
+	}
+	if a.Node() == "" || nodeExists {
+		return "", false
+	}
+	return ReasonNodeGone, true
+}
+
+// Candidate is an allocation that looks leaked.
+type Candidate struct {
+	Allocation
+	Reason Reason
+	// Since is when this collector first saw it a candidate (continuously
+	// since); Due says it has been one for the grace period, and its
+	// allocation is older than the grace period by its timestamp.
+	Since time.Time
+	Due   bool
+}
+
+// BlockKind says what is to become of a block.
+type BlockKind string
+
+const (
+	// BlockNodeGone: the block's node is gone. Once its allocations are
+	// released the block is deleted; while it still holds addresses other
+	// nodes' pods borrowed, only its affinity is removed.
+	BlockNodeGone BlockKind = "node-deleted"
+	// BlockEmpty: an empty block of a live node that holds another block of
+	// the same pool, or an empty block with no affinity: deleted, so that
+	// any node may claim it.
+	BlockEmpty BlockKind = "empty"
+)
+
+// BlockAction is a block to free.
+type BlockAction struct {
+	Block *tabbyv1.IPAMBlock
+	Kind  BlockKind
+	// Node is the block's node ("" for none); Pool the pool it belongs to
+	// ("" when none contains it).
+	Node, Pool string
+	Since      time.Time
+	// Due: the condition has held for the grace period. For BlockEmpty
+	// a block that is a live node's last one in its pool is never due.
+	Due bool
+}
+
+// AffinityKind says what is wrong with a block's affinity record.
+type AffinityKind string
+
+const (
+	// AffinityOrphan: a BlockAffinity whose block does not exist or is not
+	// affine to its node (a claim that died, a block freed by someone else).
+	AffinityOrphan AffinityKind = "orphan"
+	// AffinityMissing: a block affine to a live node with no BlockAffinity
+	// (a claim or a release that raced): the record is created.
+	AffinityMissing AffinityKind = "missing"
+)
+
+// AffinityAction is an affinity record to remove or create.
+type AffinityAction struct {
+	Kind AffinityKind
+	// Affinity is the orphan (AffinityOrphan); Block the block lacking a
+	// record (AffinityMissing).
+	Affinity *tabbyv1.BlockAffinity
+	Block    *tabbyv1.IPAMBlock
+	Node     string
+	CIDR     string
+	Since    time.Time
+	Due      bool
+}
+
+// HandleAction is an IPAMHandle no block allocation refers to.
+type HandleAction struct {
+	Handle *tabbyv1.IPAMHandle
+	Since  time.Time
+	Due    bool
+}
+
+// Plan is what one pass found.
+type Plan struct {
+	Allocations []Candidate
+	Blocks      []BlockAction
+	Affinities  []AffinityAction
+	Handles     []HandleAction
+}
+
+// Seen records since when each thing has been a candidate, continuously.
+// Compute returns the next Seen: things that stopped being candidates are
+// forgotten, so a candidate must stay one through the whole grace period.
+type Seen map[string]time.Time
+
+// Compute works out the candidates of one pass and which are due. Nothing
+// is due before it has been a candidate for grace in this collector's own
+// memory (seen), so a collector that just started, or just became leader,
+// waits a full grace period. Allocations also need a timestamp at least
+// grace old (when they carry one: IPAM writes it); objects with a creation
+// time need that too. now - since >= grace and age >= grace.
+func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, Seen) {
+	next := Seen{}
+	track := func(key string) time.Time {
+		t, ok := seen[key]
+		if !ok || t.After(now) {
+			t = now
+		}
+		next[key] = t
+		return t
+	}
+	old := func(since time.Time) bool { return now.Sub(since) >= grace }
+	var plan Plan
+
+	nodeExists := func(n string) bool { return s.Nodes[n] }
+	pools := sortedPools(s.Pools)
+
+	// Allocations.
+	held := map[string]bool{} // handle IDs held in some block
+	blocks := append([]*tabbyv1.IPAMBlock(nil), s.Blocks...)
+	sort.Slice(blocks, func(i, j int) bool { return blocks[i].Name < blocks[j].Name })
+	allocs := map[string][]Allocation{} // by block name
+	holders := HoldersOf(blocks)
+	for _, b := range blocks {
+		as := Allocations(b)
+		allocs[b.Name] = as
+		for _, a := range as {
+			held[a.Attr.HandleID] = true
+			var pod *corev1.Pod
+			if k, ok := a.PodKey(); ok {
+				pod = s.Pods[k]
+			}
+			reason, cand := Judge(a, pod, nodeExists(a.Node()), holders)
+			if !cand {
+				continue
+			}
+			since := track(a.key())
+			due := old(since)
+			if ts := a.Attr.Timestamp; ts != nil && now.Sub(ts.Time) < grace {
+				due = false // allocated moments ago (by its own clock)
+			}
+			plan.Allocations = append(plan.Allocations, Candidate{Allocation: a, Reason: reason, Since: since, Due: due})
+		}
+	}
+
+	// Blocks.
+	type group struct{ node, pool string }
+	total := map[group]int{}
+	var empties []BlockAction
+	for _, b := range blocks {
+		node := blockNode(b)
+		pool := poolOf(b, pools)
+		if node != "" {
+			total[group{node, pool}]++
+		}
+		switch {
+		case node != "" && !nodeExists(node):
+			since := track("bg/" + b.Name + "/" + string(b.UID))
+			plan.Blocks = append(plan.Blocks, BlockAction{Block: b, Kind: BlockNodeGone, Node: node, Pool: pool, Since: since, Due: old(since)})
+		case b.Spec.Affinity != "" && node == "":
+			// An affinity tabby does not write: not ours to judge.
+		case len(allocs[b.Name]) == 0 && blockOK(b):
+			since := track("be/" + b.Name + "/" + string(b.UID))
+			empties = append(empties, BlockAction{Block: b, Kind: BlockEmpty, Node: node, Pool: pool, Since: since, Due: old(since) && old(b.CreationTimestamp.Time)})
+		}
+	}
+	// A live node keeps at least one block of each pool it has blocks in.
+	dueIn := map[group]int{}
+	for i := range empties {
+		e := &empties[i]
+		if e.Node == "" || !e.Due {
+			continue
+		}
+		g := group{e.Node, e.Pool}
+		if dueIn[g]+1 >= total[g] {
+			e.Due = false // would leave the node without a block of this pool
+			continue
+		}
+		dueIn[g]++
+	}
+	plan.Blocks = append(plan.Blocks, empties...)
+
+	// Affinity records.
+	byCIDR := map[string]*tabbyv1.IPAMBlock{}
+	for _, b := range blocks {
+		if p, err := netip.ParsePrefix(b.Spec.CIDR); err == nil {
+			byCIDR[p.Masked().String()] = b
+		}
+	}
+	type nodeCIDR struct{ node, cidr string }
+	recorded := map[nodeCIDR]bool{}
+	affs := append([]*tabbyv1.BlockAffinity(nil), s.Affinities...)
+	sort.Slice(affs, func(i, j int) bool { return affs[i].Name < affs[j].Name })
+	for _, a := range affs {
+		cidr := canonCIDR(a.Spec.CIDR)
+		recorded[nodeCIDR{a.Spec.Node, cidr}] = true
+		b := byCIDR[cidr]
+		if b != nil && blockNode(b) == a.Spec.Node {
+			continue // in order, or freed with its block when the node is gone
+		}
+		since := track("af/" + a.Name + "/" + string(a.UID))
+		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityOrphan, Affinity: a, Node: a.Spec.Node, CIDR: a.Spec.CIDR,
+			Since: since, Due: old(since) && old(a.CreationTimestamp.Time)})
+	}
+	for _, b := range blocks {
+		node := blockNode(b)
+		if node == "" || !nodeExists(node) || recorded[nodeCIDR{node, canonCIDR(b.Spec.CIDR)}] {
+			continue
+		}
+		since := track("am/" + b.Name + "/" + string(b.UID))
+		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityMissing, Block: b, Node: node, CIDR: b.Spec.CIDR,
+			Since: since, Due: old(since) && old(b.CreationTimestamp.Time)})
+	}
+
+	// Handle records that no allocation refers to.
+	hs := append([]*tabbyv1.IPAMHandle(nil), s.Handles...)
+	sort.Slice(hs, func(i, j int) bool { return hs[i].Name < hs[j].Name })
+	for _, h := range hs {
+		if held[h.Spec.HandleID] {
+			continue
+		}
+		since := track("h/" + h.Name + "/" + string(h.UID))
+		plan.Handles = append(plan.Handles, HandleAction{Handle: h, Since: since, Due: old(since) && old(h.CreationTimestamp.Time)})
+	}
+	return plan, next
+}
+
+// canonCIDR is a CIDR in canonical form (as written when it does not parse).
+func canonCIDR(c string) string {
+	if p, err := netip.ParsePrefix(c); err == nil {
+		return p.Masked().String()
+	}
+	return c
+}
+
+// blockOK: the block's arrays match its CIDR (a corrupted block is left
+// to tabbyctl ipam check).
+func blockOK(b *tabbyv1.IPAMBlock) bool {
+	p, err := netip.ParsePrefix(b.Spec.CIDR)
+	if err != nil || p.Addr().BitLen()-p.Bits() > 12 {
+		return false
+	}
+	return len(b.Spec.Allocations) == 1<<(p.Addr().BitLen()-p.Bits())
+}
+
+type parsedPool struct {
+	name   string
+	prefix netip.Prefix
+}
+
+// sortedPools are the pools most specific first.
+func sortedPools(l []*tabbyv1.IPPool) []parsedPool {
+	var out []parsedPool
+	for _, p := range l {
+		if pfx, err := netip.ParsePrefix(p.Spec.CIDR); err == nil {
+			out = append(out, parsedPool{p.Name, pfx.Masked()})
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		if out[i].prefix.Bits() != out[j].prefix.Bits() {
+			return out[i].prefix.Bits() > out[j].prefix.Bits()
+		}
+		return out[i].name < out[j].name
+	})
+	return out
+}
+
+// poolOf is the name of the pool a block lies in ("" for none).
+func poolOf(b *tabbyv1.IPAMBlock, pools []parsedPool) string {
+	p, err := netip.ParsePrefix(b.Spec.CIDR)
+	if err != nil {
+		return ""
+	}
+	for _, pl := range pools {
+		if pl.prefix.Contains(p.Addr()) && pl.prefix.Bits() <= p.Bits() {
+			return pl.name
+		}
+	}
+	return ""
+}
