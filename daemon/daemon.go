@@ -12,8 +12,11 @@
 // computes the BGP sessions (bgp.DesiredPeers), the advertisements and the
 // routes (routing.Desired) and converges GoBGP (bgp.Speaker) and the
 // kernel (routing.Applier) to them. After a restart it keeps the routes
-// the previous run left until BGP has converged (restart.go). The policy
-// loop is next.
+// the previous run left until BGP has converged (restart.go). One tabbyd
+// in the cluster, elected with a Lease, runs the IPAM garbage collector
+// (package ipam/gc). The policy loop (package netpol, started in
+// policy.go) enforces NetworkPolicy; the CNI agent's policy-wait lets the
+// plugin wait until a new pod's policies are in the kernel.
 package daemon
 
 import (
@@ -28,10 +31,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/daemon/cniagent"
+	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/ipam/gc"
 )
 
 // Config is what tabbyd is started with.
@@ -51,7 +58,26 @@ type Config struct {
 	// the routes its previous run left while BGP converges (default
 	// DefaultStartupHold).
 	Resync, StartupHold time.Duration
-	Log                 *slog.Logger
+	// IPAMGC takes part in the election (a Lease named gc.DefaultLeaseName
+	// in Namespace) of the cluster's one IPAM garbage collector, and runs
+	// it while elected (package ipam/gc); IPAMGCGrace and IPAMGCInterval
+	// tune it (defaults gc.DefaultGrace and gc.DefaultInterval).
+	IPAMGC                      bool
+	IPAMGCGrace, IPAMGCInterval time.Duration
+	// NetworkPolicy turns NetworkPolicy enforcement on (package netpol);
+	// off, tabbyd removes the rules an earlier run left, and the CNI
+	// agent's policy-wait answers at once.
+	NetworkPolicy bool
+	// PolicyResync is how often NetworkPolicy syncs without an event
+	// (default netpol.DefaultResync).
+	PolicyResync time.Duration
+	// PolicyDenyUnlisted drops the traffic of pod veths whose pod the
+	// policy loop does not know yet (netpol.Config.DenyUnlisted).
+	PolicyDenyUnlisted bool
+	// IPTablesBackend is "legacy" or "nft"; "" detects the one the node
+	// uses. Routing (NAT outgoing) and NetworkPolicy both use it.
+	IPTablesBackend iptbackend.Mode
+	Log             *slog.Logger
 }
 
 // Run runs the daemon until ctx ends.
@@ -73,7 +99,8 @@ func Run(ctx context.Context, cfg Config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
-	var routes *router // set before the server starts
+	var routes *router              // set before the server starts
+	var policies *netpol.Controller // nil: NetworkPolicy off
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		c, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -85,6 +112,12 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := routes.Ready(); err != nil {
 			http.Error(w, "routing: "+err.Error(), http.StatusServiceUnavailable)
 			return
+		}
+		if policies != nil {
+			if err := policies.Ready(); err != nil {
+				http.Error(w, "networkpolicy: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		fmt.Fprintln(w, "ok")
 	})
@@ -102,7 +135,27 @@ func Run(ctx context.Context, cfg Config) error {
 	}()
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	routes, routingDone := startRouting(ctx, cfg, ds, reg, mux)
+	// One iptables backend for routing (NAT outgoing) and NetworkPolicy.
+	var backend *iptbackend.Backend
+	if b, err := iptbackend.Detect(ctx, iptbackend.Options{Mode: cfg.IPTablesBackend}); err != nil {
+		if cfg.NetworkPolicy || cfg.IPTablesBackend != "" {
+			_ = ln.Close()
+			return fmt.Errorf("finding the iptables backend: %w (install iptables, or pass --iptables-backend; NetworkPolicy needs it)", err)
+		}
+		cfg.Log.Warn("no iptables backend: NAT outgoing cannot be programmed", "error", err)
+	} else {
+		backend = &b
+		cfg.Log.Info("iptables backend", "mode", b.Mode, "reason", b.Reason)
+	}
+	routes, routingDone := startRouting(ctx, cfg, ds, backend, reg, mux)
+	policies, policyDone, err := startPolicy(ctx, cfg, rc, ds, backend, reg)
+	if err != nil {
+		stop()
+		<-routingDone
+		_ = ln.Close()
+		return err
+	}
+	go runHeartbeat(ctx, rc, cfg.Namespace, cfg.NodeName, routes.Ready, cfg.Log)
 	agentDone := make(chan struct{})
 	if cfg.CNISocket != "" {
 		// The agent paces itself (one assignment or release at a time on
@@ -116,7 +169,11 @@ func Run(ctx context.Context, cfg Config) error {
 			_ = ln.Close()
 			return err
 		}
-		agent, err := cniagent.New(cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Registerer: reg})
+		acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Registerer: reg}
+		if policies != nil {
+			acfg.Policy = policies
+		}
+		agent, err := cniagent.New(acfg)
 		if err != nil {
 			_ = ln.Close()
 			return err
@@ -132,13 +189,53 @@ func Run(ctx context.Context, cfg Config) error {
 	} else {
 		close(agentDone)
 	}
+	gcDone := make(chan struct{})
+	if cfg.IPAMGC {
+		if err := startIPAMGC(ctx, cfg, rc, ds, reg, gcDone); err != nil {
+			_ = ln.Close()
+			stop()
+			<-agentDone
+			<-routingDone
+			<-policyDone
+			return err
+		}
+	} else {
+		close(gcDone)
+	}
 	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String(), "cniSocket", cfg.CNISocket)
 	err = srv.Serve(ln)
 	stop()
 	<-agentDone
 	<-routingDone
+	<-policyDone
+	<-gcDone
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	return nil
+}
+
+// startIPAMGC runs the IPAM garbage collector's election (and the
+// collector while elected) until ctx ends, then closes done.
+func startIPAMGC(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, reg prometheus.Registerer, done chan struct{}) error {
+	log := cfg.Log.With("component", "ipam-gc")
+	collector, err := gc.New(gc.Config{DS: ds, Grace: cfg.IPAMGCGrace, Interval: cfg.IPAMGCInterval, Log: log, Registerer: reg})
+	if err != nil {
+		return err
+	}
+	leases, err := coordinationv1client.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("building the coordination.k8s.io client for the IPAM garbage collector's Lease: %w", err)
+	}
+	ns := cfg.Namespace
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	go func() {
+		defer close(done)
+		if err := collector.RunElected(ctx, gc.Election{Leases: leases, Namespace: ns, Identity: cfg.NodeName}); err != nil {
+			log.Error("the IPAM garbage collector's election stopped", "error", err)
+		}
+	}()
 	return nil
 }

@@ -10,11 +10,12 @@ import (
 
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/iptbackend"
 )
 
 // startRouting starts the routing loop of cfg's node (until ctx ends) and
 // serves its status as JSON on GET /status of mux. /readyz asks its Ready.
-func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, reg prometheus.Registerer, mux *http.ServeMux) (*router, <-chan struct{}) {
+func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, reg prometheus.Registerer, mux *http.ServeMux) (*router, <-chan struct{}) {
 	r := newRouter(routerConfig{
 		Node:        cfg.NodeName,
 		NodeIP:      cfg.NodeIP,
@@ -25,6 +26,9 @@ func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, reg pro
 		Log:         cfg.Log,
 		Registerer:  reg,
 	})
+	if backend != nil {
+		r.applier.SetIPTablesBackend(*backend)
+	}
 	mux.HandleFunc("GET "+nodestatus.Path, func(w http.ResponseWriter, req *http.Request) {
 		c, cancel := context.WithTimeout(req.Context(), 5*time.Second)
 		defer cancel()

@@ -26,6 +26,9 @@ const (
 	DefaultTimeout = 30 * time.Second
 	// DefaultLockDir holds the per-node IPAM lock files.
 	DefaultLockDir = "/var/run/tabby"
+	// DefaultPolicyWaitTimeout bounds how long ADD waits for tabbyd to
+	// program the pod's NetworkPolicy.
+	DefaultPolicyWaitTimeout = 10 * time.Second
 )
 
 // NetConf is the CNI network config of the tabby plugin as it appears in the
@@ -60,6 +63,12 @@ type NetConf struct {
 	// AgentSocket is tabbyd's CNI agent (tabbyd --cni-socket); default
 	// /var/run/tabby/cni.sock, "" never asks tabbyd.
 	AgentSocket *string `json:"agentSocket,omitempty"`
+	// PolicyWaitTimeout bounds how long ADD waits for tabbyd to program
+	// the pod's NetworkPolicy ("10s" by default; "0s" does not wait).
+	PolicyWaitTimeout string `json:"policyWaitTimeout,omitempty"`
+	// PolicyWaitRequired fails ADD when tabbyd's agent cannot be reached
+	// to wait for the pod's NetworkPolicy (default false: the pod starts).
+	PolicyWaitRequired bool `json:"policyWaitRequired,omitempty"`
 
 	// IPAM is the "ipam" section; it shadows types.NetConf.IPAM.
 	IPAM IPAMConf `json:"ipam"`
@@ -102,6 +111,10 @@ type Config struct {
 	LockFile string
 	// AgentSocket is tabbyd's CNI agent; "" means do not use it.
 	AgentSocket string
+	// PolicyWaitTimeout bounds the wait for the pod's NetworkPolicy (0:
+	// no wait); PolicyWaitRequired fails ADD when tabbyd cannot be asked.
+	PolicyWaitTimeout  time.Duration
+	PolicyWaitRequired bool
 
 	IPAMType  string
 	IPv4      bool
@@ -159,6 +172,9 @@ func LoadConfig(data []byte) (*Config, error) {
 		IPv6Pools:  nc.IPAM.IPv6Pools,
 		DNS:        nc.DNS,
 
+		PolicyWaitTimeout:  DefaultPolicyWaitTimeout,
+		PolicyWaitRequired: nc.PolicyWaitRequired,
+
 		ValidAttachments: nc.ValidAttachments,
 	}
 	if c.Name == "" {
@@ -198,6 +214,13 @@ func LoadConfig(data []byte) (*Config, error) {
 		}
 		c.Timeout = d
 	}
+	if t := nc.PolicyWaitTimeout; t != "" {
+		d, err := time.ParseDuration(t)
+		if err != nil || d < 0 {
+			return nil, ConfigError("tabby: policyWaitTimeout %q is not a duration: write it like \"10s\", or \"0s\" not to wait for tabbyd to program the pod's NetworkPolicy", t)
+		}
+		c.PolicyWaitTimeout = d
+	}
 	if c.NodeName == "" {
 		h, err := hostname()
 		if err != nil {
@@ -220,6 +243,9 @@ func LoadConfig(data []byte) (*Config, error) {
 	}
 	if c.AgentSocket != "" && !filepath.IsAbs(c.AgentSocket) {
 		return nil, ConfigError("tabby: agentSocket %q is not an absolute path: use tabbyd's --cni-socket (default %s), or \"\" to never ask tabbyd", c.AgentSocket, agentapi.DefaultSocket)
+	}
+	if c.PolicyWaitRequired && c.AgentSocket == "" {
+		return nil, ConfigError("tabby: policyWaitRequired is set but agentSocket is \"\", so tabbyd can never be asked: name tabbyd's --cni-socket in agentSocket, or drop policyWaitRequired")
 	}
 	for _, p := range append(append([]string(nil), c.IPv4Pools...), c.IPv6Pools...) {
 		if p == "" {

@@ -24,7 +24,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 	}
 	if c.Name != want.Name || c.CNIVersion != want.CNIVersion || c.Kubeconfig != want.Kubeconfig || c.NodeName != want.NodeName ||
 		c.MTU != want.MTU || c.Timeout != want.Timeout || c.LockFile != want.LockFile || c.IPAMType != want.IPAMType ||
-		c.IPv4 != want.IPv4 || c.IPv6 != want.IPv6 || c.LogLevel != "" {
+		c.IPv4 != want.IPv4 || c.IPv6 != want.IPv6 || c.LogLevel != "" ||
+		c.PolicyWaitTimeout != DefaultPolicyWaitTimeout || c.PolicyWaitRequired {
 		t.Errorf("got %+v\nwant %+v", *c, want)
 	}
 	if !c.TabbyIPAM() {
@@ -43,6 +44,16 @@ func TestLoadConfigKeys(t *testing.T) {
 	}{
 		{"explicit node and mtu", `{"cniVersion":"1.0.0","name":"n","nodename":"node1","mtu":1400,"ipam":{"type":"tabby-ipam"}}`, func(t *testing.T, c *Config) {
 			if c.NodeName != "node1" || c.MTU != 1400 || c.LockFile != "/var/run/tabby/ipam-node1.lock" {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{"policy wait", `{"cniVersion":"1.1.0","name":"n","nodename":"a","policyWaitTimeout":"2.5s","policyWaitRequired":true,"ipam":{"type":"tabby-ipam"}}`, func(t *testing.T, c *Config) {
+			if c.PolicyWaitTimeout != 2500*time.Millisecond || !c.PolicyWaitRequired {
+				t.Errorf("%+v", c)
+			}
+		}},
+		{"no policy wait", `{"cniVersion":"1.1.0","name":"n","nodename":"a","policyWaitTimeout":"0s","ipam":{"type":"tabby-ipam"}}`, func(t *testing.T, c *Config) {
+			if c.PolicyWaitTimeout != 0 {
 				t.Errorf("%+v", c)
 			}
 		}},
@@ -120,6 +131,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"bad node name", `{"name":"n","nodename":"Node_1","ipam":{"type":"tabby-ipam"}}`, "not a valid Kubernetes node name", types.ErrInvalidNetworkConfig},
 		{"empty pool name", `{"name":"n","nodename":"a","ipam":{"type":"tabby-ipam","ipv4Pools":[""]}}`, "empty pool name", types.ErrInvalidNetworkConfig},
 		{"relative agent socket", `{"name":"n","nodename":"a","agentSocket":"cni.sock","ipam":{"type":"tabby-ipam"}}`, "agentSocket \"cni.sock\" is not an absolute path", types.ErrInvalidNetworkConfig},
+		{"bad policy wait", `{"name":"n","nodename":"a","policyWaitTimeout":"-1s","ipam":{"type":"tabby-ipam"}}`, "policyWaitTimeout \"-1s\" is not a duration", types.ErrInvalidNetworkConfig},
+		{"policy wait required without agent", `{"name":"n","nodename":"a","agentSocket":"","policyWaitRequired":true,"ipam":{"type":"tabby-ipam"}}`, "policyWaitRequired is set but agentSocket", types.ErrInvalidNetworkConfig},
 		{"assign not bool", `{"name":"n","nodename":"a","ipam":{"type":"tabby-ipam","assignIPv4":"yes"}}`, "not valid JSON", types.ErrDecodingFailure},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

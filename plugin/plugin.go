@@ -18,6 +18,10 @@
 // so that cmd/tabby, which only speaks to the agent, starts fast and hands
 // a command to tabby-ipam when tabbyd is not there (ReexecDirect).
 //
+// Once a pod is wired, ADD waits (policyWaitTimeout) until tabbyd's agent
+// reports the pod's NetworkPolicy programmed (policywait.go), so no pod
+// runs before its policies are enforced.
+//
 // The commands are functions of a parsed Config and Deps, so tests can run
 // them in-process; cmd/tabby and cmd/tabby-ipam wrap them with skel.
 package plugin
@@ -66,6 +70,11 @@ Config keys (top level, or in "ipam" for tabby-ipam under another plugin):
   lockFile     per-node IPAM lock (default /var/run/tabby/ipam-<nodename>.lock)
   agentSocket  tabbyd's CNI agent (default /var/run/tabby/cni.sock; "" never
                asks tabbyd); when it accepts a connection, IPAM is done there
+  policyWaitTimeout   how long ADD waits for tabbyd to program the pod's
+                      NetworkPolicy (default 10s; "0s" does not wait); ADD
+                      fails when it runs out
+  policyWaitRequired  true: ADD fails when tabbyd cannot be asked (default
+                      false: without tabbyd the pod starts without waiting)
   ipam.type    tabby-ipam (served in-process by tabby) or any IPAM plugin
   ipam.assignIPv4 / ipam.assignIPv6   families (default true / false)
   ipam.ipv4Pools / ipam.ipv6Pools     IPPool names (pod and namespace
@@ -249,6 +258,9 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 	}
 	if err = SetupHost(w); err != nil {
 		return nil, fmt.Errorf("tabby: %w", err)
+	}
+	if err = waitPolicy(ctx, c, alloc, pod, args.ContainerID, w.IPs, log); err != nil {
+		return nil, err
 	}
 
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Interfaces: []*current.Interface{hostIf, podIf}}

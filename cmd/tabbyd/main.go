@@ -18,12 +18,15 @@ import (
 
 	"github.com/tabbynet/tabby/daemon"
 	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/internal/buildinfo"
+	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/ipam/gc"
 )
 
 func main() {
 	var cfg daemon.Config
-	var nodeIP, logLevel string
+	var nodeIP, logLevel, iptMode string
 	cmd := &cobra.Command{
 		Use:     "tabbyd",
 		Short:   "tabby's node daemon: BGP, routes and NetworkPolicy for one node",
@@ -39,6 +42,16 @@ func main() {
 				if cfg.NodeIP = net.ParseIP(nodeIP); cfg.NodeIP == nil {
 					return fmt.Errorf("--node-ip %q is not an IP address", nodeIP)
 				}
+			}
+			if cfg.IPAMGCGrace <= 0 || cfg.IPAMGCInterval <= 0 {
+				return fmt.Errorf("--ipam-gc-grace (%v) and --ipam-gc-interval (%v) must be positive; turn the collector off with --ipam-gc=false", cfg.IPAMGCGrace, cfg.IPAMGCInterval)
+			}
+			var err error
+			if cfg.IPTablesBackend, err = iptbackend.ParseMode(iptMode); err != nil {
+				return fmt.Errorf("--iptables-backend: %w", err)
+			}
+			if cfg.PolicyResync <= 0 {
+				return fmt.Errorf("--policy-resync (%v) must be positive", cfg.PolicyResync)
 			}
 			if cfg.NodeName == "" {
 				cfg.NodeName, _ = os.Hostname()
@@ -58,6 +71,13 @@ func main() {
 	f.StringVar(&cfg.Namespace, "namespace", daemon.DefaultNamespace, "the namespace tabbyd runs in: BGP passwords are read from its Secrets")
 	f.DurationVar(&cfg.Resync, "resync", daemon.DefaultResync, "how often routes and BGP sessions are reconciled without a change")
 	f.DurationVar(&cfg.StartupHold, "startup-hold", daemon.DefaultStartupHold, "after a restart, how long the previous run's routes are kept at most while BGP converges")
+	f.BoolVar(&cfg.IPAMGC, "ipam-gc", true, "take part in electing the cluster's one IPAM garbage collector (a Lease in --namespace) and run it while elected")
+	f.DurationVar(&cfg.IPAMGCGrace, "ipam-gc-grace", gc.DefaultGrace, "how long an address, block or IPAM record must look leaked (checked every pass) before the garbage collector frees it; longer than a kubelet takes to report a pod's addresses")
+	f.DurationVar(&cfg.IPAMGCInterval, "ipam-gc-interval", gc.DefaultInterval, "time between the IPAM garbage collector's passes")
+	f.BoolVar(&cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy (networking.k8s.io/v1) for this node's pods; false removes the rules an earlier run left")
+	f.DurationVar(&cfg.PolicyResync, "policy-resync", netpol.DefaultResync, "how often NetworkPolicy is synced without a change")
+	f.BoolVar(&cfg.PolicyDenyUnlisted, "policy-deny-unlisted", true, "drop the traffic of pod veths whose pod tabbyd does not know yet (a pod wired while tabbyd was down), until its policies are programmed")
+	f.StringVar(&iptMode, "iptables-backend", "", "iptables backend for NAT outgoing and NetworkPolicy: legacy or nft (default: the one the node's rules are in, as kube-proxy's wrapper detects it)")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)

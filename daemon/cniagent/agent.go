@@ -12,6 +12,10 @@
 // right after the answer (ipam.AssignDeferred): until then the allocation
 // is found through the blocks, which carry the handle, and the agent makes
 // a release or CHECK of that handle wait for the write.
+//
+// It also answers policy-wait (Config.Policy, tabbyd's NetworkPolicy
+// loop): the plugin's ADD waits there until the new pod's NetworkPolicy is
+// in the kernel.
 package cniagent
 
 import (
@@ -23,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -45,7 +50,27 @@ type Config struct {
 	Log      *slog.Logger
 	// Registerer takes the agent's metrics (nil: none).
 	Registerer prometheus.Registerer
+	// Policy answers policy-wait (package netpol's Controller); nil: this
+	// tabbyd enforces no NetworkPolicy and policy-wait answers at once.
+	Policy PolicyWaiter
 }
+
+// PolicyWaiter waits until a pod's NetworkPolicy is in the kernel.
+type PolicyWaiter interface {
+	// WaitProgrammed returns once a ruleset is applied that programs the
+	// local pod namespace/name (with UID uid, when not "") with every
+	// address of ips, with the number of its sync; or with an error
+	// saying what is missing when ctx ends first.
+	WaitProgrammed(ctx context.Context, namespace, name, uid string, ips []netip.Addr) (uint64, error)
+}
+
+// Bounds of policy-wait on tabbyd's side.
+const (
+	// DefaultPolicyWait applies when the request names no timeout.
+	DefaultPolicyWait = 30 * time.Second
+	// MaxPolicyWait caps the timeout a request names.
+	MaxPolicyWait = 5 * time.Minute
+)
 
 // Agent serves the CNI plugins' IPAM requests.
 type Agent struct {
@@ -168,6 +193,7 @@ func (a *Agent) Handler() http.Handler {
 	endpoint(mux, a, agentapi.EndpointNodeHandles, a.nodeHandles)
 	endpoint(mux, a, agentapi.EndpointPools, a.usablePools)
 	endpoint(mux, a, agentapi.EndpointPing, a.ping)
+	endpoint(mux, a, agentapi.EndpointPolicyWait, a.policyWait)
 	return mux
 }
 
@@ -323,4 +349,34 @@ func (a *Agent) usablePools(ctx context.Context, r agentapi.NodeRequest) (agenta
 
 func (a *Agent) ping(ctx context.Context, _ agentapi.Empty) (agentapi.Empty, error) {
 	return agentapi.Empty{}, a.ops.Ping(ctx)
+}
+
+func (a *Agent) policyWait(ctx context.Context, r agentapi.PolicyWaitRequest) (agentapi.PolicyWaitResponse, error) {
+	if a.cfg.Policy == nil {
+		return agentapi.PolicyWaitResponse{Enforced: false}, nil
+	}
+	if r.Namespace == "" || r.Pod == "" || len(r.IPs) == 0 {
+		return agentapi.PolicyWaitResponse{}, &agentapi.Error{Message: "tabbyd: a policy-wait request needs the pod's namespace, name and addresses"}
+	}
+	ips := make([]netip.Addr, 0, len(r.IPs))
+	for _, ip := range r.IPs {
+		addr, ok := netip.AddrFromSlice(ip)
+		if !ok {
+			return agentapi.PolicyWaitResponse{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: policy-wait: %q is not an IP address", ip)}
+		}
+		ips = append(ips, addr.Unmap())
+	}
+	bound := DefaultPolicyWait
+	if r.TimeoutMillis > 0 {
+		bound = min(time.Duration(r.TimeoutMillis)*time.Millisecond, MaxPolicyWait)
+	}
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	gen, err := a.cfg.Policy.WaitProgrammed(ctx, r.Namespace, r.Pod, r.PodUID, ips)
+	if err != nil {
+		// A wait that ran out is not an unreachable API server: the
+		// message says what is missing.
+		return agentapi.PolicyWaitResponse{}, &agentapi.Error{Message: err.Error()}
+	}
+	return agentapi.PolicyWaitResponse{Enforced: true, Generation: gen}, nil
 }

@@ -28,6 +28,7 @@ const (
 	EndpointNodeHandles = "node-handles"
 	EndpointPools       = "usable-pools"
 	EndpointPing        = "ping"
+	EndpointPolicyWait  = "policy-wait"
 )
 
 // AssignRequest asks for the addresses of one attachment: the fields of an
@@ -101,6 +102,31 @@ type PoolsResponse struct {
 	Pools []Pool `json:"pools"`
 }
 
+// PolicyWaitRequest asks tabbyd to answer once the NetworkPolicy of a pod
+// just wired is in the kernel: tabbyd has applied a ruleset whose
+// endpoint for Namespace/Pod carries every address of IPs (learnt from
+// IPAM) and that enforces every policy selecting the pod.
+type PolicyWaitRequest struct {
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	// PodUID (K8S_POD_UID), when known, tells the pod from an older pod of
+	// the same name.
+	PodUID string   `json:"podUID,omitempty"`
+	IPs    []net.IP `json:"ips"`
+	// TimeoutMillis bounds the wait on tabbyd's side (it answers with an
+	// Error saying what is missing); 0 means tabbyd's own bound.
+	TimeoutMillis int64 `json:"timeoutMillis,omitempty"`
+}
+
+// PolicyWaitResponse answers policy-wait.
+type PolicyWaitResponse struct {
+	// Enforced is false when this tabbyd does not enforce NetworkPolicy
+	// (tabbyd --network-policy=false): it answers at once.
+	Enforced bool `json:"enforced"`
+	// Generation is the number of the policy sync that programmed the pod.
+	Generation uint64 `json:"generation,omitempty"`
+}
+
 // Empty is the request of ping and the response of release-handle and
 // ping.
 type Empty struct{}
@@ -122,6 +148,10 @@ func (e *Error) Error() string { return e.Message }
 // agent: nothing listens on the socket, or the connection could not be
 // made. Nothing was done.
 var ErrUnavailable = fmt.Errorf("tabbyd's CNI agent is not available")
+
+// ErrUnknownEndpoint is wrapped by the error of a request the agent does
+// not know (a tabbyd older than the plugin).
+var ErrUnknownEndpoint = fmt.Errorf("tabbyd's CNI agent does not know the request")
 
 // ErrConnectionLost is wrapped by errors of a request whose connection
 // broke before the answer came (tabbyd stopped meanwhile): it may or may

@@ -120,7 +120,11 @@ func (c *Client) Call(ctx context.Context, endpoint string, req, resp any) error
 	}
 	if hresp.StatusCode != http.StatusOK {
 		e := &Error{}
-		if jerr := json.Unmarshal(data, e); jerr != nil || e.Message == "" {
+		jerr := json.Unmarshal(data, e)
+		if hresp.StatusCode == http.StatusNotFound && (jerr != nil || e.Message == "") {
+			return fmt.Errorf("%w: tabbyd's CNI agent at %s does not serve %s (an older tabbyd)", ErrUnknownEndpoint, c.socket, endpoint)
+		}
+		if jerr != nil || e.Message == "" {
 			e.Message = fmt.Sprintf("tabbyd's CNI agent at %s answered %s to %s: %q", c.socket, hresp.Status, endpoint, bytes.TrimSpace(data))
 		}
 		return e
@@ -165,6 +169,14 @@ func (c *Client) UsablePools(ctx context.Context, node string) ([]Pool, error) {
 	var resp PoolsResponse
 	err := c.Call(ctx, EndpointPools, NodeRequest{Node: node}, &resp)
 	return resp.Pools, err
+}
+
+// PolicyWait calls policy-wait: it returns once tabbyd has programmed the
+// pod's NetworkPolicy, or at once when tabbyd does not enforce any.
+func (c *Client) PolicyWait(ctx context.Context, req PolicyWaitRequest) (PolicyWaitResponse, error) {
+	var resp PolicyWaitResponse
+	err := c.Call(ctx, EndpointPolicyWait, req, &resp)
+	return resp, err
 }
 
 // Ping calls ping: the agent answers when it can reach the API server.

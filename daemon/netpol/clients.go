@@ -1,0 +1,95 @@
+package netpol
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/gentype"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// Scheme knows the objects the controller reads and refers to in Events:
+// the core types and NetworkPolicies. (The datastore's scheme leaves
+// NetworkPolicies out: the CNI plugins never read them.)
+var Scheme = runtime.NewScheme()
+
+func init() {
+	if err := corev1.AddToScheme(Scheme); err != nil {
+		panic(err)
+	}
+	if err := networkingv1.AddToScheme(Scheme); err != nil {
+		panic(err)
+	}
+}
+
+// PolicyClient reaches the NetworkPolicies of one namespace, or lists and
+// watches those of every namespace.
+type PolicyClient = gentype.ClientWithList[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]
+
+// NewPolicyClient is a client of the NetworkPolicies (networking.k8s.io/v1)
+// of namespace (metav1.NamespaceAll: of every namespace) on the API server
+// of rc.
+func NewPolicyClient(rc *rest.Config, namespace string) (*PolicyClient, error) {
+	cfg := rest.CopyConfig(rc)
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "tabbyd"
+	}
+	cfg.GroupVersion = &networkingv1.SchemeGroupVersion
+	cfg.APIPath = "/apis"
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(Scheme).WithoutConversion()
+	cfg.ContentType = runtime.ContentTypeJSON
+	rcl, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building the networking.k8s.io client: %w", err)
+	}
+	return gentype.NewClientWithList[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]("networkpolicies", rcl,
+		runtime.NewParameterCodec(Scheme), namespace,
+		func() *networkingv1.NetworkPolicy { return &networkingv1.NetworkPolicy{} },
+		func() *networkingv1.NetworkPolicyList { return &networkingv1.NetworkPolicyList{} }), nil
+}
+
+// EventSink writes Events through the datastore's core client
+// (record.EventSink), without client-go's full clientset.
+type EventSink struct{ DS *datastore.Client }
+
+var _ record.EventSink = EventSink{}
+
+func (s EventSink) events(namespace string) *gentype.ClientWithList[*corev1.Event, *corev1.EventList] {
+	return gentype.NewClientWithList[*corev1.Event, *corev1.EventList]("events", s.DS.CoreREST(), datastore.ParameterCodec, namespace,
+		func() *corev1.Event { return &corev1.Event{} }, func() *corev1.EventList { return &corev1.EventList{} })
+}
+
+func (s EventSink) Create(e *corev1.Event) (*corev1.Event, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
+	defer cancel()
+	return s.events(e.Namespace).Create(ctx, e, metav1.CreateOptions{})
+}
+
+func (s EventSink) Update(e *corev1.Event) (*corev1.Event, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
+	defer cancel()
+	return s.events(e.Namespace).Update(ctx, e, metav1.UpdateOptions{})
+}
+
+func (s EventSink) Patch(old *corev1.Event, data []byte) (*corev1.Event, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
+	defer cancel()
+	return s.events(old.Namespace).Patch(ctx, old.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
+}
+
+// NewRecorder is an EventRecorder writing to the datastore as component
+// tabbyd on host node; stop ends its broadcaster.
+func NewRecorder(ds *datastore.Client, node string) (rec record.EventRecorder, stop func()) {
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(EventSink{DS: ds})
+	return b.NewRecorder(Scheme, corev1.EventSource{Component: "tabbyd", Host: node}), b.Shutdown
+}

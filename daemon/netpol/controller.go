@@ -1,0 +1,600 @@
+// Package netpol is tabbyd's NetworkPolicy loop: it watches Pods,
+// Namespaces, NetworkPolicies (networking.k8s.io/v1) and tabby's
+// IPAMBlocks, and on every change (coalesced, and periodically) builds the
+// compiler's input (BuildInput), compiles the whole ruleset (package
+// policy) and applies it to the kernel (package policy/apply). It is
+// level-triggered: every sync starts from the informers' state, so a missed
+// event or a restart heals itself.
+//
+// A pod is an endpoint from the moment IPAM hands it an address (the
+// IPAMBlock's allocation names the pod), before the kubelet reports its
+// IP. The CNI plugin asks tabbyd's CNI agent to wait (WaitProgrammed) until
+// a sync whose input held the pod with those addresses is in the kernel,
+// so no pod starts before its policies are enforced.
+//
+// Policies the compiler refuses (policy.Ruleset.Problems) are logged and
+// reported as a Warning Event on the policy, once per distinct message; the
+// other policies keep being enforced.
+package netpol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/policy"
+	"github.com/tabbynet/tabby/policy/apply"
+)
+
+// Defaults of the loop.
+const (
+	// DefaultResync is how often the loop syncs without an event.
+	DefaultResync = 60 * time.Second
+	// DefaultJumpCheck is how often the jumps from the built-in chains
+	// are checked (and put back when something removed them).
+	DefaultJumpCheck = 10 * time.Second
+	// DefaultMinSyncGap spaces syncs under a storm of events: what
+	// arrives meanwhile is coalesced into the next sync.
+	DefaultMinSyncGap = 10 * time.Millisecond
+	// retryMin and retryMax bound the back-off after a failed sync.
+	retryMin = time.Second
+	retryMax = 30 * time.Second
+	// syncTimeout bounds one sync (a hung iptables or ipset command).
+	syncTimeout = time.Minute
+)
+
+// Event reasons on NetworkPolicies.
+const (
+	// ReasonNotEnforced: the compiler refused (part of) a policy, or
+	// could not program a pod.
+	ReasonNotEnforced = "NotEnforced"
+)
+
+// Compiler is policy.Compile: the whole ruleset of a node from its input.
+type Compiler func(*policy.Input) *policy.Ruleset
+
+// Applier makes the kernel match a ruleset: *apply.Applier, which must
+// be called from a thread in the network namespace to program (tabbyd runs
+// in the node's; Run calls it only from its own goroutine).
+type Applier interface {
+	// Apply programs the ruleset's sets, chains and jumps.
+	Apply(ctx context.Context, rs *policy.Ruleset) (apply.Stats, error)
+	// CheckJumps checks the jumps from the built-in chains of the last
+	// ruleset applied and puts back those something removed (how many).
+	CheckJumps(ctx context.Context) (int, error)
+}
+
+// ListWatcher is what the datastore's typed clients offer an informer.
+type ListWatcher[L runtime.Object] interface {
+	List(ctx context.Context, opts metav1.ListOptions) (L, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// Config configures the controller.
+type Config struct {
+	// Node is this node's name: its pods get chains.
+	Node string
+	// DS reads Pods, Namespaces and IPAMBlocks.
+	DS *datastore.Client
+	// Policies reads the NetworkPolicies of every namespace
+	// (NewPolicyClient).
+	Policies ListWatcher[*networkingv1.NetworkPolicyList]
+	Compile  Compiler
+	Applier  Applier
+	// DenyUnlisted drops the traffic of host veths that no pod the
+	// controller knows has (policy.Input.DenyUnlisted): a pod wired while
+	// tabbyd was away is cut off until its policies are programmed,
+	// rather than open.
+	DenyUnlisted bool
+	// Recorder reports refused policies as Events (NewRecorder); nil:
+	// they are only logged.
+	Recorder record.EventRecorder
+	// Resync, JumpCheck and MinSyncGap: see DefaultResync,
+	// DefaultJumpCheck and DefaultMinSyncGap (0 means the default).
+	Resync, JumpCheck, MinSyncGap time.Duration
+	Log                           *slog.Logger
+	// Registerer takes the loop's metrics (nil: none).
+	Registerer prometheus.Registerer
+}
+
+// Controller is the NetworkPolicy loop of one node.
+type Controller struct {
+	cfg Config
+	log *slog.Logger
+	met *metrics
+
+	pods, namespaces, policies, blocks cache.SharedIndexInformer
+	dirty                              chan struct{}
+
+	// Owned by the loop goroutine.
+	reported   map[string]string // "Kind namespace/name" -> problem reported
+	retryTimer *time.Timer
+	backoff    time.Duration
+
+	mu sync.Mutex
+	// synced: the informers have synced; gen counts syncs started.
+	synced bool
+	gen    uint64
+	// applied is what the last successful sync programmed.
+	applied applied
+	// known is what the last sync's input held of the local pods.
+	known map[string]endpointState
+	// lastErr is the last sync's error (nil after a success).
+	lastErr error
+	// changed is closed (and replaced) when a sync ends.
+	changed chan struct{}
+}
+
+// applied is the state one successful sync programmed.
+type applied struct {
+	gen       uint64
+	at        time.Time
+	endpoints map[string]endpointState // local pods, by "namespace/name"
+}
+
+// endpointState is a local pod as a sync saw it.
+type endpointState struct {
+	uid        string
+	ips        []netip.Addr
+	programmed bool // in the ruleset's Programmed
+}
+
+// New makes a controller; Run runs it.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Node == "" || cfg.DS == nil || cfg.Policies == nil || cfg.Compile == nil || cfg.Applier == nil {
+		return nil, errors.New("netpol: a node name, a datastore, a NetworkPolicy client, a compiler and an applier are needed")
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
+	}
+	if cfg.JumpCheck <= 0 {
+		cfg.JumpCheck = DefaultJumpCheck
+	}
+	if cfg.MinSyncGap <= 0 {
+		cfg.MinSyncGap = DefaultMinSyncGap
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	c := &Controller{
+		cfg:      cfg,
+		log:      cfg.Log.With("loop", "policy"),
+		met:      newMetrics(),
+		dirty:    make(chan struct{}, 1),
+		reported: map[string]string{},
+		changed:  make(chan struct{}),
+		backoff:  retryMin,
+	}
+	if cfg.Registerer != nil {
+		if err := c.met.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("netpol: registering metrics: %w", err)
+		}
+	}
+	c.pods = informer(&corev1.Pod{}, cfg.DS.Pods(metav1.NamespaceAll), c.markDirty, podChanged)
+	c.namespaces = informer(&corev1.Namespace{}, cfg.DS.Namespaces, c.markDirty, namespaceChanged)
+	c.policies = informer(&networkingv1.NetworkPolicy{}, cfg.Policies, c.markDirty, nil)
+	c.blocks = informer(&tabbyv1.IPAMBlock{}, cfg.DS.IPAMBlocks, c.markDirty, blockChanged)
+	return c, nil
+}
+
+// informer watches every object c lists; changed (may be nil) filters
+// updates: only those it calls a change mark the loop dirty. Managed
+// fields are dropped from the cache.
+func informer[L runtime.Object](example runtime.Object, c ListWatcher[L], onChange func(), changed func(old, new any) bool) cache.SharedIndexInformer {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return c.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return c.Watch(ctx, o)
+		},
+	}
+	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
+		Indexers:          cache.Indexers{},
+		ObjectDescription: fmt.Sprintf("%T", example),
+	})
+	_ = inf.SetTransform(func(o any) (any, error) {
+		if m, ok := o.(metav1.Object); ok {
+			m.SetManagedFields(nil)
+		}
+		return o, nil
+	})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { onChange() },
+		UpdateFunc: func(old, new any) {
+			if changed == nil || changed(old, new) {
+				onChange()
+			}
+		},
+		DeleteFunc: func(any) { onChange() },
+	})
+	return inf
+}
+
+// markDirty asks the loop for a sync.
+func (c *Controller) markDirty() {
+	select {
+	case c.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// Run syncs the informers, then runs the loop until ctx ends. It returns
+// an error only when the informers never synced; failed syncs are logged,
+// shown by Ready and retried with back-off. The rules stay in the kernel
+// when it returns: pods stay protected while tabbyd restarts.
+func (c *Controller) Run(ctx context.Context) error {
+	all := []cache.SharedIndexInformer{c.pods, c.namespaces, c.policies, c.blocks}
+	synced := make([]cache.InformerSynced, 0, len(all))
+	for _, inf := range all {
+		go inf.RunWithContext(ctx)
+		synced = append(synced, inf.HasSynced)
+	}
+	start := time.Now()
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("the NetworkPolicy caches did not sync with the API server at %s", c.cfg.DS.Host())
+	}
+	c.mu.Lock()
+	c.synced = true
+	c.mu.Unlock()
+	c.log.Info("NetworkPolicy caches synced", "took", time.Since(start).Round(time.Millisecond).String())
+	resync := time.NewTicker(c.cfg.Resync)
+	defer resync.Stop()
+	jumps := time.NewTicker(c.cfg.JumpCheck)
+	defer jumps.Stop()
+	defer func() {
+		if c.retryTimer != nil {
+			c.retryTimer.Stop()
+		}
+	}()
+	var last time.Time
+	c.markDirty()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.dirty:
+		case <-resync.C:
+		case <-jumps.C:
+			c.checkJumps(ctx)
+			continue
+		}
+		if wait := c.cfg.MinSyncGap - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+		}
+		// Drain what arrived meanwhile: this sync covers it.
+		select {
+		case <-c.dirty:
+		default:
+		}
+		last = time.Now()
+		if err := c.sync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			c.retryLater()
+		} else {
+			c.backoff = retryMin
+		}
+	}
+}
+
+// retryLater schedules a sync after the back-off, which doubles up to
+// retryMax.
+func (c *Controller) retryLater() {
+	if c.retryTimer != nil {
+		c.retryTimer.Stop()
+	}
+	c.retryTimer = time.AfterFunc(c.backoff, c.markDirty)
+	c.backoff = min(2*c.backoff, retryMax)
+}
+
+func (c *Controller) checkJumps(ctx context.Context) {
+	c.mu.Lock()
+	ok := c.applied.gen > 0
+	c.mu.Unlock()
+	if !ok {
+		return // nothing applied yet: the next sync puts the jumps in
+	}
+	n, err := c.cfg.Applier.CheckJumps(ctx)
+	c.met.kernelChanges.WithLabelValues("jump").Add(float64(n))
+	if err != nil {
+		c.met.jumpChecks.WithLabelValues("error").Inc()
+		c.log.Warn("checking the jumps into tabby's policy chains; syncing again", "error", err)
+		c.markDirty()
+		return
+	}
+	c.met.jumpChecks.WithLabelValues("ok").Inc()
+	if n > 0 {
+		c.met.jumpRepairs.Add(float64(n))
+		c.log.Warn("something removed or moved tabby's jumps into its policy chains: put back", "changes", n)
+	}
+}
+
+// Input is the compiler's input from the informers' current state.
+func (c *Controller) Input() *policy.Input {
+	in := BuildInput(c.cfg.Node, storeList[corev1.Pod](c.pods), storeList[corev1.Namespace](c.namespaces),
+		storeList[networkingv1.NetworkPolicy](c.policies), storeList[tabbyv1.IPAMBlock](c.blocks))
+	in.DenyUnlisted = c.cfg.DenyUnlisted
+	return in
+}
+
+// storeList lists an informer's objects (the cache's own, read-only).
+func storeList[T any](inf cache.SharedIndexInformer) []*T {
+	objs := inf.GetStore().List()
+	out := make([]*T, 0, len(objs))
+	for _, o := range objs {
+		if v, ok := o.(*T); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// sync compiles and applies everything once.
+func (c *Controller) sync(parent context.Context) (err error) {
+	ctx, cancel := context.WithTimeout(parent, syncTimeout)
+	defer cancel()
+	start := time.Now()
+	c.mu.Lock()
+	c.gen++
+	gen := c.gen
+	c.mu.Unlock()
+	in := c.Input()
+	known := localEndpoints(in, nil)
+	defer func() {
+		c.mu.Lock()
+		c.known = known
+		c.lastErr = err
+		close(c.changed)
+		c.changed = make(chan struct{})
+		c.mu.Unlock()
+		result := "ok"
+		if err != nil {
+			result = "error"
+			c.met.lastSyncOK.Set(0)
+			if parent.Err() == nil {
+				c.log.Error("NetworkPolicy sync failed; retrying", "sync", gen, "error", err)
+			}
+		} else {
+			c.met.lastSyncOK.Set(1)
+			c.met.programmedAt.SetToCurrentTime()
+		}
+		c.met.syncs.WithLabelValues(result).Inc()
+		c.met.syncTime.WithLabelValues("total").Observe(time.Since(start).Seconds())
+	}()
+	rs, err := c.compile(in)
+	compiled := time.Now()
+	c.met.syncTime.WithLabelValues("compile").Observe(compiled.Sub(start).Seconds())
+	if err != nil {
+		return err
+	}
+	c.report(rs.Problems)
+	st, err := c.cfg.Applier.Apply(ctx, rs)
+	c.met.observeStats(st)
+	if err != nil {
+		return fmt.Errorf("programming the kernel: %w", err)
+	}
+	c.met.syncTime.WithLabelValues("apply").Observe(time.Since(compiled).Seconds())
+	c.met.observeRuleset(in, rs)
+	done := localEndpoints(in, rs.Programmed)
+	c.mu.Lock()
+	c.applied = applied{gen: gen, at: time.Now(), endpoints: done}
+	c.mu.Unlock()
+	c.log.Debug("NetworkPolicy synced", "sync", gen, "policies", len(in.Policies), "endpoints", len(in.Endpoints),
+		"local", len(done), "chains", len(rs.Chains), "sets", len(rs.Sets), "problems", len(rs.Problems),
+		"compile", compiled.Sub(start).Round(time.Microsecond).String(), "total", time.Since(start).Round(time.Microsecond).String())
+	return nil
+}
+
+// localEndpoints is the local pods of an input, each marked programmed
+// when programmed lists it.
+func localEndpoints(in *policy.Input, programmed []string) map[string]endpointState {
+	prog := make(map[string]bool, len(programmed))
+	for _, k := range programmed {
+		prog[k] = true
+	}
+	out := map[string]endpointState{}
+	for _, e := range in.Endpoints {
+		if e.HostIface == "" {
+			continue
+		}
+		k := e.Pod.Namespace + "/" + e.Pod.Name
+		out[k] = endpointState{uid: string(e.Pod.UID), ips: e.IPs, programmed: prog[k]}
+	}
+	return out
+}
+
+// compile runs the compiler; a panic is a failed sync (the rules in the
+// kernel stay as they are), not a dead tabbyd.
+func (c *Controller) compile(in *policy.Input) (rs *policy.Ruleset, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.log.Error("the NetworkPolicy compiler panicked", "panic", r, "stack", string(debug.Stack()))
+			rs, err = nil, fmt.Errorf("the NetworkPolicy compiler panicked: %v (a bug: please report it with the policies of the cluster)", r)
+		}
+	}()
+	rs = c.cfg.Compile(in)
+	if rs == nil {
+		return nil, errors.New("the NetworkPolicy compiler returned no ruleset")
+	}
+	return rs, nil
+}
+
+// report logs the problems whose message changed and reports them as
+// Warning Events on their objects (a NetworkPolicy, or a Pod the compiler
+// could not program); objects no longer in trouble are forgotten (and
+// reported again should they be in trouble again).
+func (c *Controller) report(problems []policy.Problem) {
+	now := map[string][]string{} // "Kind namespace/name" -> messages
+	for _, p := range problems {
+		kind := p.Kind
+		if kind == "" {
+			kind = policy.KindNetworkPolicy
+		}
+		k := kind + " " + p.Namespace + "/" + p.Name
+		if !slices.Contains(now[k], p.Message) {
+			now[k] = append(now[k], p.Message)
+		}
+	}
+	for k, msgs := range now {
+		msg := strings.Join(msgs, "; ")
+		if c.reported[k] == msg {
+			continue
+		}
+		c.reported[k] = msg
+		kind, key, _ := strings.Cut(k, " ")
+		var obj runtime.Object
+		var text string
+		if kind == policy.KindPod {
+			c.log.Warn("a pod's NetworkPolicy cannot be programmed", "pod", key, "problem", msg)
+			if o, ok, _ := c.pods.GetStore().GetByKey(key); ok {
+				obj = o.(*corev1.Pod)
+			}
+			text = fmt.Sprintf("tabbyd on node %s cannot program the NetworkPolicy of this pod: %s", c.cfg.Node, msg)
+		} else {
+			c.log.Warn("a NetworkPolicy is not enforced as written; the others are", "policy", key, "problem", msg)
+			if o, ok, _ := c.policies.GetStore().GetByKey(key); ok {
+				obj = o.(*networkingv1.NetworkPolicy)
+			}
+			text = fmt.Sprintf("tabbyd on node %s: %s (the other policies are enforced)", c.cfg.Node, msg)
+		}
+		if c.cfg.Recorder != nil && obj != nil {
+			c.cfg.Recorder.Event(obj, corev1.EventTypeWarning, ReasonNotEnforced, text)
+		}
+	}
+	for k := range c.reported {
+		if _, ok := now[k]; !ok {
+			c.log.Info("a problem reported before is gone", "object", k)
+			delete(c.reported, k)
+		}
+	}
+}
+
+// Ready is nil once a sync has programmed the kernel and the last sync
+// succeeded; else it says why not.
+func (c *Controller) Ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case !c.synced:
+		return errors.New("the NetworkPolicy caches have not synced with the API server yet")
+	case c.lastErr != nil:
+		return fmt.Errorf("the last NetworkPolicy sync failed: %w", c.lastErr)
+	case c.applied.gen == 0:
+		return errors.New("NetworkPolicy has not been programmed yet")
+	}
+	return nil
+}
+
+// WaitProgrammed returns once a sync whose input held the local pod
+// namespace/name (with UID uid, when not "") with every address of ips,
+// and whose ruleset lists the pod as programmed, is in the kernel. It
+// returns the number of that sync, or, when ctx ends first, an error that
+// says what is missing. (cniagent.PolicyWaiter)
+func (c *Controller) WaitProgrammed(ctx context.Context, namespace, name, uid string, ips []netip.Addr) (uint64, error) {
+	key := namespace + "/" + name
+	start := time.Now()
+	for {
+		c.mu.Lock()
+		e, ok := c.applied.endpoints[key]
+		gen := c.applied.gen
+		changed := c.changed
+		c.mu.Unlock()
+		if ok && e.covers(uid, ips) && e.programmed {
+			return gen, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("tabbyd on node %s has not programmed the NetworkPolicy of pod %s (%s) within %s: %s",
+				c.cfg.Node, key, addrList(ips), time.Since(start).Round(time.Millisecond), c.missing(key, uid, ips))
+		}
+	}
+}
+
+// covers says whether the endpoint is the pod uid with every address of ips.
+func (e endpointState) covers(uid string, ips []netip.Addr) bool {
+	if uid != "" && e.uid != uid {
+		return false
+	}
+	for _, ip := range ips {
+		if !slices.Contains(e.ips, ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// missing says why a pod is not programmed yet.
+func (c *Controller) missing(key, uid string, ips []netip.Addr) string {
+	c.mu.Lock()
+	synced, lastErr, known := c.synced, c.lastErr, c.known
+	kn, seen := c.known[key]
+	ap, inApplied := c.applied.endpoints[key]
+	c.mu.Unlock()
+	switch {
+	case !synced:
+		return "its NetworkPolicy caches have not synced with the API server yet"
+	case lastErr != nil:
+		return "its last sync failed: " + lastErr.Error()
+	case known == nil:
+		return "it has not finished its first sync yet"
+	}
+	if !seen {
+		if o, ok, _ := c.pods.GetStore().GetByKey(key); ok {
+			p := o.(*corev1.Pod)
+			switch {
+			case p.Spec.NodeName != c.cfg.Node:
+				return fmt.Sprintf("the pod is bound to node %q, not to this one (does the plugin's agentSocket name this node's tabbyd?)", p.Spec.NodeName)
+			case p.Spec.HostNetwork:
+				return "the pod uses the host's network"
+			}
+			return "no address of the pod has reached it yet (neither its IPAMBlock allocation nor its status.podIPs)"
+		}
+		return "it has not seen the pod yet (its watch of Pods lags behind, or the pod was deleted)"
+	}
+	if uid != "" && kn.uid != uid {
+		return fmt.Sprintf("it knows the pod with UID %s, not %s (a newer pod of the same name has not reached it yet)", kn.uid, uid)
+	}
+	if !kn.covers("", ips) {
+		return fmt.Sprintf("it knows the pod's addresses as %s (the IPAMBlock allocation of %s has not reached it yet)", addrList(kn.ips), addrList(ips))
+	}
+	if inApplied && ap.covers(uid, ips) && !ap.programmed {
+		return "the compiler did not list the pod as programmed"
+	}
+	return "the sync that holds it has not finished yet"
+}
+
+func addrList(ips []netip.Addr) string {
+	s := make([]string, len(ips))
+	for i, ip := range ips {
+		s[i] = ip.String()
+	}
+	return strings.Join(s, ", ")
+}

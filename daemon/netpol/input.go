@@ -1,0 +1,204 @@
+package netpol
+
+import (
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/plugin"
+	"github.com/tabbynet/tabby/policy"
+)
+
+// BuildInput is the compiler's input from the informers' objects: every
+// namespace and policy, and an endpoint for every pod that is not on the
+// host's network, has not ended and has an address. A pod's addresses are
+// those of its status.podIPs and those IPAM holds for it (an IPAMBlock
+// allocation whose attributes name the pod, on the pod's node), so a pod is
+// an endpoint from the moment IPAM hands it an address, before the kubelet
+// reports it. Pods on node get HostIface, the host end of their veth
+// (HostIface). The result is sorted, so equal objects give equal inputs.
+func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace, policies []*networkingv1.NetworkPolicy, blocks []*tabbyv1.IPAMBlock) *policy.Input {
+	in := &policy.Input{Node: node}
+	for _, ns := range namespaces {
+		if ns != nil {
+			in.Namespaces = append(in.Namespaces, ns)
+		}
+	}
+	slices.SortFunc(in.Namespaces, func(a, b *corev1.Namespace) int { return strings.Compare(a.Name, b.Name) })
+	for _, p := range policies {
+		if p != nil {
+			in.Policies = append(in.Policies, p)
+		}
+	}
+	slices.SortFunc(in.Policies, func(a, b *networkingv1.NetworkPolicy) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+
+	type entry struct {
+		pod *corev1.Pod
+		ips []netip.Addr
+	}
+	byKey := make(map[string]*entry, len(pods))
+	for _, p := range pods {
+		if !endpointPod(p) {
+			continue
+		}
+		e := &entry{pod: p}
+		for _, s := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(s.IP); err == nil {
+				e.ips = append(e.ips, a.Unmap())
+			}
+		}
+		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+			e.ips = append(e.ips, a.Unmap())
+		}
+		byKey[p.Namespace+"/"+p.Name] = e
+	}
+	for _, b := range blocks {
+		if b == nil {
+			continue
+		}
+		forEachPodAllocation(b, func(ip netip.Addr, attr *tabbyv1.AllocationAttribute) {
+			e := byKey[attr.Namespace+"/"+attr.Pod]
+			if e == nil {
+				return
+			}
+			// An allocation left on another node by an older pod of the
+			// same name is not this pod's.
+			if attr.Node != "" && e.pod.Spec.NodeName != "" && attr.Node != e.pod.Spec.NodeName {
+				return
+			}
+			e.ips = append(e.ips, ip)
+		})
+	}
+	for _, e := range byKey {
+		if len(e.ips) == 0 {
+			continue
+		}
+		slices.SortFunc(e.ips, func(a, b netip.Addr) int { return a.Compare(b) })
+		ep := policy.Endpoint{Pod: e.pod, IPs: slices.Compact(e.ips)}
+		if node != "" && e.pod.Spec.NodeName == node {
+			ep.HostIface = HostIface(e.pod)
+		}
+		in.Endpoints = append(in.Endpoints, ep)
+	}
+	slices.SortFunc(in.Endpoints, func(a, b policy.Endpoint) int {
+		return strings.Compare(a.Pod.Namespace+"/"+a.Pod.Name, b.Pod.Namespace+"/"+b.Pod.Name)
+	})
+	return in
+}
+
+// HostIface is the name of the host end of a pod's veth: the CNI plugin
+// derives it from the pod's namespace and name (plugin.HostVethName, for
+// the interface eth0 every container runtime asks for), so it is known
+// before the plugin creates it, and rules naming it are in place when it
+// appears.
+func HostIface(p *corev1.Pod) string {
+	return plugin.HostVethName(plugin.PodID{Namespace: p.Namespace, Name: p.Name}, "", plugin.DefaultIfName)
+}
+
+// endpointPod tells the pods policies apply to: not on the host's network,
+// not ended (an ended pod's address may already be another pod's).
+func endpointPod(p *corev1.Pod) bool {
+	if p == nil || p.Spec.HostNetwork {
+		return false
+	}
+	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+}
+
+// forEachPodAllocation calls f for every address of the block that IPAM
+// holds for a pod (its attributes name a namespace and a pod).
+func forEachPodAllocation(b *tabbyv1.IPAMBlock, f func(netip.Addr, *tabbyv1.AllocationAttribute)) {
+	cidr, err := netip.ParsePrefix(b.Spec.CIDR)
+	if err != nil {
+		return
+	}
+	cidr = cidr.Masked()
+	hostBits := cidr.Addr().BitLen() - cidr.Bits()
+	if hostBits > 16 {
+		return // not a block IPAM makes (at most 4096 addresses)
+	}
+	size := 1 << hostBits
+	for ord, idx := range b.Spec.Allocations {
+		if idx < 0 || idx >= len(b.Spec.Attributes) || ord >= size {
+			continue
+		}
+		attr := &b.Spec.Attributes[idx]
+		if attr.Namespace == "" || attr.Pod == "" || attr.Use == tabbyv1.UseTunnel {
+			continue
+		}
+		f(addrAt(cidr.Addr(), ord), attr)
+	}
+}
+
+// addrAt is the address ord places after base.
+func addrAt(base netip.Addr, ord int) netip.Addr {
+	b := base.As16()
+	carry := uint32(ord)
+	for i := 15; i >= 0 && carry > 0; i-- {
+		sum := uint32(b[i]) + carry&0xff
+		b[i] = byte(sum)
+		carry = carry>>8 + sum>>8
+	}
+	a := netip.AddrFrom16(b)
+	if base.Is4() {
+		return a.Unmap()
+	}
+	return a
+}
+
+// podChanged says whether a pod update can change the compiler's input:
+// labels, node, host networking, phase, addresses, container ports or a
+// deletion. Status conditions and the like do not.
+func podChanged(old, new any) bool {
+	a, ok1 := old.(*corev1.Pod)
+	b, ok2 := new.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return true
+	}
+	if a.UID != b.UID || !maps.Equal(a.Labels, b.Labels) || a.Spec.NodeName != b.Spec.NodeName ||
+		a.Spec.HostNetwork != b.Spec.HostNetwork || a.Status.Phase != b.Status.Phase ||
+		a.Status.PodIP != b.Status.PodIP || !reflect.DeepEqual(a.Status.PodIPs, b.Status.PodIPs) ||
+		(a.DeletionTimestamp == nil) != (b.DeletionTimestamp == nil) {
+		return true
+	}
+	return !reflect.DeepEqual(containerPorts(a), containerPorts(b))
+}
+
+func containerPorts(p *corev1.Pod) [][]corev1.ContainerPort {
+	var out [][]corev1.ContainerPort
+	for _, c := range p.Spec.InitContainers {
+		out = append(out, c.Ports)
+	}
+	for _, c := range p.Spec.Containers {
+		out = append(out, c.Ports)
+	}
+	return out
+}
+
+// namespaceChanged: only a namespace's labels matter to policies.
+func namespaceChanged(old, new any) bool {
+	a, ok1 := old.(*corev1.Namespace)
+	b, ok2 := new.(*corev1.Namespace)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return !maps.Equal(a.Labels, b.Labels)
+}
+
+// blockChanged: only a block's allocations matter to policies.
+func blockChanged(old, new any) bool {
+	a, ok1 := old.(*tabbyv1.IPAMBlock)
+	b, ok2 := new.(*tabbyv1.IPAMBlock)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return a.Spec.CIDR != b.Spec.CIDR || !slices.Equal(a.Spec.Allocations, b.Spec.Allocations) ||
+		!reflect.DeepEqual(a.Spec.Attributes, b.Spec.Attributes)
+}

@@ -1,0 +1,255 @@
+package netpol
+
+import (
+	"net/netip"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/plugin"
+)
+
+func testPod(ns, name, node string, mod ...func(*corev1.Pod)) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name), Labels: map[string]string{"app": name}},
+		Spec:       corev1.PodSpec{NodeName: node},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	for _, m := range mod {
+		m(p)
+	}
+	return p
+}
+
+func withStatusIPs(ips ...string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		for _, ip := range ips {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+		}
+		if len(ips) > 0 {
+			p.Status.PodIP = ips[0]
+		}
+	}
+}
+
+// testBlock is a block of cidr whose ordinals hold the given attributes.
+func testBlock(cidr string, held map[int]tabbyv1.AllocationAttribute) *tabbyv1.IPAMBlock {
+	p := netip.MustParsePrefix(cidr)
+	n := 1 << (p.Addr().BitLen() - p.Bits())
+	b := &tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "b-" + cidr}, Spec: tabbyv1.IPAMBlockSpec{CIDR: cidr, Allocations: make([]int, n)}}
+	for i := range b.Spec.Allocations {
+		b.Spec.Allocations[i] = -1
+	}
+	for ord, attr := range held {
+		b.Spec.Allocations[ord] = len(b.Spec.Attributes)
+		b.Spec.Attributes = append(b.Spec.Attributes, attr)
+	}
+	return b
+}
+
+func addrs(s ...string) []netip.Addr {
+	out := make([]netip.Addr, len(s))
+	for i, a := range s {
+		out[i] = netip.MustParseAddr(a)
+	}
+	return out
+}
+
+// ep is what a test expects of one endpoint.
+type ep struct {
+	Key   string
+	IPs   []netip.Addr
+	Iface string
+}
+
+func TestBuildInput(t *testing.T) {
+	const node = "n1"
+	veth := func(ns, name string) string {
+		return plugin.HostVethName(plugin.PodID{Namespace: ns, Name: name}, "", "eth0")
+	}
+	attr := func(ns, pod, node string) tabbyv1.AllocationAttribute {
+		return tabbyv1.AllocationAttribute{HandleID: "net." + pod, Use: tabbyv1.UseWorkload, Namespace: ns, Pod: pod, Node: node}
+	}
+	tests := []struct {
+		name   string
+		pods   []*corev1.Pod
+		blocks []*tabbyv1.IPAMBlock
+		want   []ep
+	}{
+		{
+			name: "addresses from status",
+			pods: []*corev1.Pod{testPod("x", "a", node, withStatusIPs("10.0.0.5", "fd00::5")), testPod("x", "b", "n2", withStatusIPs("10.0.1.5"))},
+			want: []ep{{"x/a", addrs("10.0.0.5", "fd00::5"), veth("x", "a")}, {"x/b", addrs("10.0.1.5"), ""}},
+		},
+		{
+			name:   "addresses from IPAM before the status has them",
+			pods:   []*corev1.Pod{testPod("x", "a", node), testPod("y", "b", "n2")},
+			blocks: []*tabbyv1.IPAMBlock{testBlock("10.0.0.0/28", map[int]tabbyv1.AllocationAttribute{3: attr("x", "a", node), 9: attr("y", "b", "n2")})},
+			want:   []ep{{"x/a", addrs("10.0.0.3"), veth("x", "a")}, {"y/b", addrs("10.0.0.9"), ""}},
+		},
+		{
+			name: "IPAM and status together, without duplicates",
+			pods: []*corev1.Pod{testPod("x", "a", node, withStatusIPs("10.0.0.3"))},
+			blocks: []*tabbyv1.IPAMBlock{
+				testBlock("10.0.0.0/28", map[int]tabbyv1.AllocationAttribute{3: attr("x", "a", node)}),
+				testBlock("fd00::/124", map[int]tabbyv1.AllocationAttribute{15: attr("x", "a", node)}),
+			},
+			want: []ep{{"x/a", addrs("10.0.0.3", "fd00::f"), veth("x", "a")}},
+		},
+		{
+			name: "a block's ordinals carry across bytes",
+			pods: []*corev1.Pod{testPod("x", "a", node)},
+			blocks: []*tabbyv1.IPAMBlock{
+				testBlock("10.0.0.0/23", map[int]tabbyv1.AllocationAttribute{300: attr("x", "a", node)}),
+			},
+			want: []ep{{"x/a", addrs("10.0.1.44"), veth("x", "a")}},
+		},
+		{
+			name: "no address, host network, ended pods and tunnels are no endpoints",
+			pods: []*corev1.Pod{
+				testPod("x", "noaddr", node),
+				testPod("x", "host", node, withStatusIPs("192.168.1.1"), func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
+				testPod("x", "done", node, withStatusIPs("10.0.0.7"), func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+				testPod("x", "failed", node, withStatusIPs("10.0.0.8"), func(p *corev1.Pod) { p.Status.Phase = corev1.PodFailed }),
+				testPod("x", "pending", node, withStatusIPs("10.0.0.9"), func(p *corev1.Pod) { p.Status.Phase = corev1.PodPending }),
+			},
+			blocks: []*tabbyv1.IPAMBlock{testBlock("10.0.0.0/28", map[int]tabbyv1.AllocationAttribute{
+				1: {HandleID: "vxlan-tunnel-addr-n1", Use: tabbyv1.UseTunnel, Node: node},
+				2: {HandleID: "net.c1", Use: tabbyv1.UseWorkload, Namespace: "x", Pod: "gone", Node: node},
+			})},
+			want: []ep{{"x/pending", addrs("10.0.0.9"), veth("x", "pending")}},
+		},
+		{
+			name: "an allocation another node holds for a namesake is not the pod's",
+			pods: []*corev1.Pod{testPod("x", "a", node, withStatusIPs("10.0.0.2"))},
+			blocks: []*tabbyv1.IPAMBlock{testBlock("10.0.0.0/28", map[int]tabbyv1.AllocationAttribute{
+				2: attr("x", "a", node), 4: attr("x", "a", "n2"),
+			})},
+			want: []ep{{"x/a", addrs("10.0.0.2"), veth("x", "a")}},
+		},
+		{
+			name: "a malformed block is skipped",
+			pods: []*corev1.Pod{testPod("x", "a", node)},
+			blocks: []*tabbyv1.IPAMBlock{
+				{Spec: tabbyv1.IPAMBlockSpec{CIDR: "not-a-cidr", Allocations: []int{0}, Attributes: []tabbyv1.AllocationAttribute{attr("x", "a", node)}}},
+				{Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.0.0.0/30", Allocations: []int{5, 0, 0, 0, 0, 0}, Attributes: []tabbyv1.AllocationAttribute{attr("x", "a", node)}}},
+				{Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.8.0.0/8", Allocations: []int{0}, Attributes: []tabbyv1.AllocationAttribute{attr("x", "a", node)}}},
+				nil,
+			},
+			want: []ep{{"x/a", addrs("10.0.0.1", "10.0.0.2", "10.0.0.3"), veth("x", "a")}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := BuildInput(node, tc.pods, nil, nil, tc.blocks)
+			var got []ep
+			for _, e := range in.Endpoints {
+				got = append(got, ep{e.Pod.Namespace + "/" + e.Pod.Name, e.IPs, e.HostIface})
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("endpoints\n got %v\nwant %v", got, tc.want)
+			}
+			if in.Node != node {
+				t.Errorf("node %q", in.Node)
+			}
+		})
+	}
+}
+
+func TestBuildInputSortsAndKeepsObjects(t *testing.T) {
+	nsB := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "b"}}
+	nsA := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
+	p2 := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "a"}}
+	p1 := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "z"}}
+	podB := testPod("b", "p", "n1", withStatusIPs("10.0.0.2"))
+	podA := testPod("a", "p", "n2", withStatusIPs("10.0.0.1"))
+	in := BuildInput("n1", []*corev1.Pod{podB, nil, podA}, []*corev1.Namespace{nsB, nil, nsA}, []*networkingv1.NetworkPolicy{p2, nil, p1}, nil)
+	if len(in.Namespaces) != 2 || in.Namespaces[0] != nsA || in.Namespaces[1] != nsB {
+		t.Errorf("namespaces %v", in.Namespaces)
+	}
+	if len(in.Policies) != 2 || in.Policies[0] != p1 || in.Policies[1] != p2 {
+		t.Errorf("policies %v", in.Policies)
+	}
+	if len(in.Endpoints) != 2 || in.Endpoints[0].Pod != podA || in.Endpoints[1].Pod != podB {
+		t.Fatalf("endpoints %v", in.Endpoints)
+	}
+	if in.Endpoints[0].HostIface != "" || in.Endpoints[1].HostIface == "" {
+		t.Errorf("host ifaces %q %q", in.Endpoints[0].HostIface, in.Endpoints[1].HostIface)
+	}
+	// The same objects in another order give the same input.
+	again := BuildInput("n1", []*corev1.Pod{podA, podB}, []*corev1.Namespace{nsA, nsB}, []*networkingv1.NetworkPolicy{p1, p2}, nil)
+	if !reflect.DeepEqual(in, again) {
+		t.Error("the input depends on the order of the objects")
+	}
+}
+
+func TestHostIfaceIsThePluginsName(t *testing.T) {
+	// The plugin names the host veth from CNI_ARGS; the controller from
+	// the Pod: both must agree for the rules to meet the pod's traffic.
+	p := testPod("kube-system", "coredns-abc", "n1")
+	args := "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-abc;K8S_POD_INFRA_CONTAINER_ID=c1"
+	id, err := plugin.ParseArgs(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := HostIface(p), plugin.HostVethName(id, "c1", "eth0"); got != want || len(got) > 15 {
+		t.Errorf("HostIface %q, the plugin's %q", got, want)
+	}
+}
+
+func TestChangeFilters(t *testing.T) {
+	base := testPod("x", "a", "n1", withStatusIPs("10.0.0.1"), func(p *corev1.Pod) {
+		p.Spec.Containers = []corev1.Container{{Name: "c", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}}}
+	})
+	mod := func(f func(*corev1.Pod)) *corev1.Pod {
+		p := base.DeepCopy()
+		f(p)
+		return p
+	}
+	now := metav1.Now()
+	for name, tc := range map[string]struct {
+		new  *corev1.Pod
+		want bool
+	}{
+		"conditions":   {mod(func(p *corev1.Pod) { p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady}} }), false},
+		"annotations":  {mod(func(p *corev1.Pod) { p.Annotations = map[string]string{"a": "b"} }), false},
+		"labels":       {mod(func(p *corev1.Pod) { p.Labels["tier"] = "web" }), true},
+		"ips":          {mod(func(p *corev1.Pod) { p.Status.PodIPs = nil }), true},
+		"phase":        {mod(func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }), true},
+		"named port":   {mod(func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort = 8080 }), true},
+		"node":         {mod(func(p *corev1.Pod) { p.Spec.NodeName = "n2" }), true},
+		"host network": {mod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), true},
+		"deletion":     {mod(func(p *corev1.Pod) { p.DeletionTimestamp = &now }), true},
+		"uid":          {mod(func(p *corev1.Pod) { p.UID = "other" }), true},
+	} {
+		if got := podChanged(base, tc.new); got != tc.want {
+			t.Errorf("%s: podChanged %v, want %v", name, got, tc.want)
+		}
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "x", Labels: map[string]string{"a": "1"}}}
+	ns2 := ns.DeepCopy()
+	ns2.Annotations = map[string]string{"b": "2"}
+	if namespaceChanged(ns, ns2) {
+		t.Error("a namespace annotation is no change")
+	}
+	ns2.Labels["a"] = "2"
+	if !namespaceChanged(ns, ns2) {
+		t.Error("a namespace label is a change")
+	}
+	b := testBlock("10.0.0.0/30", nil)
+	b2 := b.DeepCopy()
+	b2.Spec.SequenceNumber = 7
+	if blockChanged(b, b2) {
+		t.Error("a sequence number is no change")
+	}
+	b2.Spec.Allocations[1] = 0
+	b2.Spec.Attributes = []tabbyv1.AllocationAttribute{{Namespace: "x", Pod: "a"}}
+	if !blockChanged(b, b2) {
+		t.Error("an allocation is a change")
+	}
+}

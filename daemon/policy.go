@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/tabbynet/tabby/daemon/netpol"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/policy"
+	"github.com/tabbynet/tabby/policy/apply"
+)
+
+// startPolicy starts the NetworkPolicy loop (package netpol) until ctx
+// ends; the rules stay in the kernel when tabbyd stops, so pods stay
+// protected across restarts. With cfg.NetworkPolicy off it removes instead
+// what an earlier run programmed, and returns a nil controller.
+func startPolicy(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, backend *iptbackend.Backend, reg prometheus.Registerer) (*netpol.Controller, <-chan struct{}, error) {
+	log := cfg.Log.With("loop", "policy")
+	done := make(chan struct{})
+	if !cfg.NetworkPolicy {
+		go func() {
+			defer close(done)
+			cleanupPolicy(ctx, backend, log)
+		}()
+		return nil, done, nil
+	}
+	a, err := apply.New(apply.Options{Backend: backend, Logger: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("NetworkPolicy: %w (or run tabbyd with --network-policy=false)", err)
+	}
+	pc, err := netpol.NewPolicyClient(rc, metav1.NamespaceAll)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName)
+	c, err := netpol.New(netpol.Config{
+		Node:         cfg.NodeName,
+		DS:           ds,
+		Policies:     pc,
+		Compile:      policy.Compile,
+		Applier:      a,
+		DenyUnlisted: cfg.PolicyDenyUnlisted,
+		Recorder:     rec,
+		Resync:       cfg.PolicyResync,
+		Log:          cfg.Log,
+		Registerer:   reg,
+	})
+	if err != nil {
+		stopEvents()
+		return nil, nil, err
+	}
+	go func() {
+		defer close(done)
+		defer stopEvents()
+		if err := c.Run(ctx); err != nil {
+			log.Error("the NetworkPolicy loop stopped", "error", err)
+		}
+	}()
+	return c, done, nil
+}
+
+// cleanupPolicy removes the chains, jumps and ipsets of tabby's
+// NetworkPolicy (tabbyd --network-policy=false), leaving everything else.
+func cleanupPolicy(ctx context.Context, backend *iptbackend.Backend, log *slog.Logger) {
+	a, err := apply.New(apply.Options{Backend: backend, Logger: log})
+	if err != nil {
+		log.Warn("NetworkPolicy is off; cannot check for rules an earlier run left", "error", err)
+		return
+	}
+	st, err := a.Cleanup(ctx)
+	if err != nil {
+		log.Error("NetworkPolicy is off; removing the rules an earlier run left failed", "error", err)
+		return
+	}
+	if st.Changed() > 0 {
+		log.Info("NetworkPolicy is off: removed the rules an earlier run left", "chains", st.ChainsDeleted, "jumps", st.JumpsDeleted, "sets", st.SetsDeleted)
+	}
+}
