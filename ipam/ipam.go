@@ -111,9 +111,12 @@ type assignState struct {
 	nodeBlocks []*tabbyv1.IPAMBlock // blocks affine to the node
 	// nodeBlocksCached: nodeBlocks came from the watch cache (maybe stale).
 	nodeBlocksCached bool
-	allBlocks        []*tabbyv1.IPAMBlock // nil until needed
-	config           *tabbyv1.IPAMConfigurationSpec
-	assigned         []assignedRef
+	// consistentPools: the pool list is a consistent read, not the watch
+	// cache's (assign looks again that way when a pool seems missing).
+	consistentPools bool
+	allBlocks       []*tabbyv1.IPAMBlock // nil until needed
+	config          *tabbyv1.IPAMConfigurationSpec
+	assigned        []assignedRef
 }
 
 type assignedRef struct {
@@ -153,15 +156,30 @@ func (m *IPAM) assign(ctx context.Context, req Request, mayDefer bool) (_ []Assi
 	if req.Use == "" {
 		req.Use = tabbyv1.UseWorkload
 	}
-	st := &assignState{req: req, attr: tabbyv1.AllocationAttribute{
-		HandleID: req.HandleID, Use: req.Use, Namespace: req.Namespace, Pod: req.Pod, Node: req.Node,
-		Timestamp: nowTime(m.now),
-	}}
-	st.nodeBlocksCached = true
-	if err := m.load(ctx, st); err != nil {
-		return nil, nil, err
+	var st *assignState
+	var err error
+	for consistent := false; ; consistent = true {
+		st = &assignState{req: req, attr: tabbyv1.AllocationAttribute{
+			HandleID: req.HandleID, Use: req.Use, Namespace: req.Namespace, Pod: req.Pod, Node: req.Node,
+			Timestamp: nowTime(m.now),
+		}}
+		st.nodeBlocksCached = true
+		st.consistentPools = consistent
+		if err := m.load(ctx, st); err != nil {
+			return nil, nil, err
+		}
+		err = m.assignAll(ctx, st)
+		// The pool list came from the watch cache, which may be a moment
+		// behind: a pool created just now may be missing. Look again at a
+		// consistent list before saying so.
+		var missing poolMissingError
+		if consistent || !errors.As(err, &missing) {
+			break
+		}
+		if rerr := m.undo(ctx, st); rerr != nil {
+			break
+		}
 	}
-	err := m.assignAll(ctx, st)
 	deferred := mayDefer && err == nil && len(st.assigned) > 0
 	for _, a := range st.assigned {
 		deferred = deferred && a.own
@@ -193,6 +211,15 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
+		if st.consistentPools {
+			var l *tabbyv1.IPPoolList
+			if l, poolErr = m.ds.IPPools.List(ctx, metav1.ListOptions{}); poolErr == nil {
+				st.poolList = l.Items
+			} else {
+				poolErr = wrapDS(m.ds, fmt.Errorf("listing IP pools: %w", poolErr))
+			}
+			return
+		}
 		st.poolList, poolErr = m.listPools(ctx)
 	}()
 	go func() {
@@ -215,6 +242,14 @@ func (m *IPAM) load(ctx context.Context, st *assignState) error {
 	}
 	return nil
 }
+
+// poolMissingError is an error that a pool missing from the pool list
+// explains: when the list came from the watch cache, assign looks again at
+// a consistent one before returning it.
+type poolMissingError struct{ err error }
+
+func (e poolMissingError) Error() string { return e.err.Error() }
+func (e poolMissingError) Unwrap() error { return e.err }
 
 // cached list options read from the API server's watch cache. A consistent
 // list waits for the cache to catch up with etcd (tens of milliseconds), which
@@ -320,8 +355,8 @@ func (m *IPAM) assignFamily(ctx context.Context, st *assignState, family int) er
 		return fmt.Errorf("no IPv%d address for %s: %w", family, st.who(), err)
 	}
 	if len(cands) == 0 {
-		return fmt.Errorf("%w: no usable IPv%d pool for %s on node %s%s: create an IPPool that this node may use",
-			ErrExhausted, family, st.who(), st.req.Node, joinReasons(excluded))
+		return poolMissingError{fmt.Errorf("%w: no usable IPv%d pool for %s on node %s%s: create an IPPool that this node may use",
+			ErrExhausted, family, st.who(), st.req.Node, joinReasons(excluded))}
 	}
 	// 1. The node's own blocks, in the candidate pools. The list came from
 	// the watch cache; before claiming another block, look again at a
@@ -640,7 +675,7 @@ func (m *IPAM) assignSpecific(ctx context.Context, st *assignState, ip net.IP) e
 	a = a.Unmap()
 	p := st.pools.containing(a)
 	if p == nil {
-		return fmt.Errorf("requested address %s (%s) is in no IP pool: create a pool that contains it", a, tabbyv1.AnnotationIPAddrs)
+		return poolMissingError{fmt.Errorf("requested address %s (%s) is in no IP pool: create a pool that contains it", a, tabbyv1.AnnotationIPAddrs)}
 	}
 	if p.obj.Spec.Disabled {
 		return fmt.Errorf("requested address %s is in pool %s, which is disabled", a, p.describe())

@@ -536,3 +536,37 @@ func TestDatastoreDown(t *testing.T) {
 		t.Fatalf("want an unreachable-datastore error naming the server, got %v", err)
 	}
 }
+
+// behindSource is the API source whose pool list lags: it has not seen
+// the pools created after it was made, as a watch cache (or an informer) a
+// moment behind would not.
+type behindSource struct {
+	ipam.Source
+	pools []tabbyv1.IPPool
+}
+
+func (s behindSource) Pools(context.Context) ([]tabbyv1.IPPool, error) { return s.pools, nil }
+
+// TestPoolCreatedMomentsAgo: a pool the (cached) pool list does not show
+// yet is found by a consistent list before IPAM says it does not exist.
+func TestPoolCreatedMomentsAgo(t *testing.T) {
+	ds := client(t)
+	fresh(t, ds)
+	c := ctx(t)
+	m := ipam.New(ds, ipam.WithSource(behindSource{Source: ipam.APISource(ds)}))
+	mkPool(t, ds, "just-made", "10.66.0.0/24", 26)
+	want := net.ParseIP("10.66.0.9")
+	if got, err := m.Assign(c, ipam.Request{HandleID: "n.a", Node: "a", IPs: []net.IP{want}}); err != nil || !got[0].IP.Equal(want) {
+		t.Fatalf("specific address in a pool the cache does not show yet: %v %v", got, err)
+	}
+	if got, err := m.Assign(c, ipam.Request{HandleID: "n.b", Node: "a", IPv4: true, IPv4Pools: []string{"just-made"}}); err != nil || got[0].Pool.Name != "just-made" {
+		t.Fatalf("named pool the cache does not show yet: %v %v", got, err)
+	}
+	if got, err := m.Assign(c, ipam.Request{HandleID: "n.c", Node: "a", IPv4: true}); err != nil || got[0].Pool.Name != "just-made" {
+		t.Fatalf("any pool, when the cache shows none: %v %v", got, err)
+	}
+	// A pool that really does not exist is still an error that says so.
+	if _, err := m.Assign(c, ipam.Request{HandleID: "n.d", Node: "a", IPv4: true, IPv4Pools: []string{"never-made"}}); err == nil || !strings.Contains(err.Error(), `requested pool "never-made" does not exist`) {
+		t.Fatalf("missing pool: %v", err)
+	}
+}

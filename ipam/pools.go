@@ -162,7 +162,7 @@ func (s *poolSet) candidates(family int, names []string, use tabbyv1.IPPoolAllow
 				if err, bad := s.invalid[n]; bad {
 					return nil, nil, fmt.Errorf("requested pool %q is invalid: %w", n, err)
 				}
-				return nil, nil, fmt.Errorf("requested pool %q does not exist: create it or fix the %s annotation", n, poolAnnotation(family))
+				return nil, nil, poolMissingError{fmt.Errorf("requested pool %q does not exist: create it or fix the %s annotation", n, poolAnnotation(family))}
 			}
 			ok, why, err := check(p)
 			if err != nil {
