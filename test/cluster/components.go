@@ -44,6 +44,9 @@ type SchedulerOptions struct {
 	// Name tells a second scheduler's files and log apart (default
 	// kube-scheduler).
 	Name string
+	// QPS and Burst of the scheduler's API client (0: kube-scheduler's
+	// defaults, 50 and 100, which bound it to about 50 bindings a second).
+	QPS, Burst int
 }
 
 // ControllerManagerOptions configure StartControllerManager.
@@ -74,7 +77,11 @@ func (c *Cluster) StartScheduler(ctx context.Context, opts SchedulerOptions) (*P
 	}
 	config["apiVersion"] = "kubescheduler.config.k8s.io/v1"
 	config["kind"] = "KubeSchedulerConfiguration"
-	config["clientConnection"] = map[string]any{"kubeconfig": kubeconfig}
+	conn := map[string]any{"kubeconfig": kubeconfig}
+	if opts.QPS > 0 {
+		conn["qps"], conn["burst"] = opts.QPS, max(opts.Burst, opts.QPS)
+	}
+	config["clientConnection"] = conn
 	config["leaderElection"] = map[string]any{"leaderElect": false}
 	if len(opts.Extenders) > 0 {
 		config["extenders"] = opts.Extenders

@@ -26,6 +26,8 @@ const (
 	// plainScheduler is a second kube-scheduler with the default plugins
 	// and no extender: the baseline.
 	plainScheduler = "plain-scheduler"
+	// benchQPS is both schedulers' API client rate.
+	benchQPS = 2000
 )
 
 var benchOnce sync.Once
@@ -57,7 +59,7 @@ func benchFixture(b *testing.B, cs kubernetes.Interface) {
 		if err != nil {
 			return
 		}
-		_, err = clustertest.Cluster().StartScheduler(ctx, cluster.SchedulerOptions{Name: plainScheduler,
+		_, err = clustertest.Cluster().StartScheduler(ctx, cluster.SchedulerOptions{Name: plainScheduler, QPS: benchQPS,
 			Config: []byte("profiles:\n- schedulerName: " + plainScheduler + "\n")})
 	})
 	if err != nil {
