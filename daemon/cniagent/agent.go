@@ -89,6 +89,11 @@ type Agent struct {
 
 	otherNodes sync.Map // node names of requests for other nodes (warned once)
 
+	// stopping ends when the agent shuts down: policy waits end with it
+	// rather than hold tabbyd's exit for their whole bound. (IPAM requests
+	// in flight are finished.) Set by Run before it serves.
+	stopping context.Context
+
 	met metrics
 }
 
@@ -132,6 +137,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.stopping = ctx
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	done := make(chan struct{})
 	go func() {
@@ -372,7 +378,13 @@ func (a *Agent) policyWait(ctx context.Context, r agentapi.PolicyWaitRequest) (a
 	}
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	if a.stopping != nil {
+		defer context.AfterFunc(a.stopping, cancel)()
+	}
 	gen, err := a.cfg.Policy.WaitProgrammed(ctx, r.Namespace, r.Pod, r.PodUID, ips)
+	if err != nil && a.stopping != nil && a.stopping.Err() != nil {
+		return agentapi.PolicyWaitResponse{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd on this node is shutting down before the policy of pod %s/%s was confirmed; the runtime retries the ADD", r.Namespace, r.Pod)}
+	}
 	if err != nil {
 		// A wait that ran out is not an unreachable API server: the
 		// message says what is missing.

@@ -152,6 +152,8 @@ type PassResult struct {
 	BlocksDeleted, BlocksUnaffined int
 	// Records repaired.
 	AffinitiesRemoved, AffinitiesCreated, HandlesRemoved int
+	// NextDue is when the next candidate becomes due (zero: none waits).
+	NextDue time.Time
 }
 
 func (r PassResult) acted() bool {
@@ -189,6 +191,7 @@ func (g *GC) passLocked(ctx context.Context, r reader) (PassResult, error) {
 	}
 	plan, seen := Compute(snap, g.seen, g.now(), g.cfg.Grace)
 	g.seen = seen
+	res.NextDue = plan.NextDue
 	res.Candidates = len(plan.Allocations)
 	g.met.candidates.Set(float64(res.Candidates))
 	errs := []error{
@@ -708,6 +711,11 @@ func (g *GC) Run(ctx context.Context) error {
 	g.log.Info("IPAM garbage collector running", "grace", g.cfg.Grace, "interval", g.cfg.Interval)
 	t := time.NewTicker(g.cfg.Interval)
 	defer t.Stop()
+	// early is a pass at the moment a candidate becomes due, so that it is
+	// released within a grace period, not a grace period and an interval.
+	early := time.NewTimer(time.Hour)
+	early.Stop()
+	defer early.Stop()
 	for {
 		pctx, pcancel := context.WithTimeout(ctx, passTimeout)
 		res, err := g.pass(pctx, inf)
@@ -724,10 +732,17 @@ func (g *GC) Run(ctx context.Context) error {
 		default:
 			g.log.Debug("IPAM garbage collection pass", "candidates", res.Candidates, "due", res.Due)
 		}
+		early.Stop()
+		if !res.NextDue.IsZero() {
+			if wait := time.Until(res.NextDue) + 10*time.Millisecond; wait < g.cfg.Interval {
+				early.Reset(max(wait, 10*time.Millisecond))
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-early.C:
 		}
 	}
 }

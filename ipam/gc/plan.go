@@ -319,6 +319,10 @@ type Plan struct {
 	Blocks      []BlockAction
 	Affinities  []AffinityAction
 	Handles     []HandleAction
+	// NextDue is the earliest time something found here that is not due
+	// yet becomes due by the clock (zero for none), so that a collector can
+	// pass again then instead of up to a whole interval later.
+	NextDue time.Time
 }
 
 // Seen records since when each thing has been a candidate, continuously.
@@ -342,8 +346,24 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 		next[key] = t
 		return t
 	}
-	old := func(since time.Time) bool { return now.Sub(since) >= grace }
 	var plan Plan
+	// old says whether every time given is grace ago; when not, it notes
+	// when they all will be.
+	old := func(times ...time.Time) bool {
+		var latest time.Time
+		for _, t := range times {
+			if t.After(latest) {
+				latest = t
+			}
+		}
+		if now.Sub(latest) >= grace {
+			return true
+		}
+		if at := latest.Add(grace); plan.NextDue.IsZero() || at.Before(plan.NextDue) {
+			plan.NextDue = at
+		}
+		return false
+	}
 
 	nodeExists := func(n string) bool { return s.Nodes[n] }
 	pools := sortedPools(s.Pools)
@@ -368,10 +388,12 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 				continue
 			}
 			since := track(a.key())
-			due := old(since)
-			if ts := a.Attr.Timestamp; ts != nil && now.Sub(ts.Time) < grace {
-				due = false // allocated moments ago (by its own clock)
+			// Not due either when allocated moments ago by its own clock.
+			times := []time.Time{since}
+			if ts := a.Attr.Timestamp; ts != nil {
+				times = append(times, ts.Time)
 			}
+			due := old(times...)
 			plan.Allocations = append(plan.Allocations, Candidate{Allocation: a, Reason: reason, Since: since, Due: due})
 		}
 	}
@@ -394,7 +416,7 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 			// An affinity tabby does not write: not ours to judge.
 		case len(allocs[b.Name]) == 0 && blockOK(b):
 			since := track("be/" + b.Name + "/" + string(b.UID))
-			empties = append(empties, BlockAction{Block: b, Kind: BlockEmpty, Node: node, Pool: pool, Since: since, Due: old(since) && old(b.CreationTimestamp.Time)})
+			empties = append(empties, BlockAction{Block: b, Kind: BlockEmpty, Node: node, Pool: pool, Since: since, Due: old(since, b.CreationTimestamp.Time)})
 		}
 	}
 	// A live node keeps at least one block of each pool it has blocks in.
@@ -433,7 +455,7 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 		}
 		since := track("af/" + a.Name + "/" + string(a.UID))
 		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityOrphan, Affinity: a, Node: a.Spec.Node, CIDR: a.Spec.CIDR,
-			Since: since, Due: old(since) && old(a.CreationTimestamp.Time)})
+			Since: since, Due: old(since, a.CreationTimestamp.Time)})
 	}
 	for _, b := range blocks {
 		node := blockNode(b)
@@ -442,7 +464,7 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 		}
 		since := track("am/" + b.Name + "/" + string(b.UID))
 		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityMissing, Block: b, Node: node, CIDR: b.Spec.CIDR,
-			Since: since, Due: old(since) && old(b.CreationTimestamp.Time)})
+			Since: since, Due: old(since, b.CreationTimestamp.Time)})
 	}
 
 	// Handle records that no allocation refers to.
@@ -453,7 +475,7 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 			continue
 		}
 		since := track("h/" + h.Name + "/" + string(h.UID))
-		plan.Handles = append(plan.Handles, HandleAction{Handle: h, Since: since, Due: old(since) && old(h.CreationTimestamp.Time)})
+		plan.Handles = append(plan.Handles, HandleAction{Handle: h, Since: since, Due: old(since, h.CreationTimestamp.Time)})
 	}
 	return plan, next
 }

@@ -461,3 +461,30 @@ func TestComputeMemory(t *testing.T) {
 		t.Errorf("memory holds %d entries, want only the live candidate's: %v", len(seen), seen)
 	}
 }
+
+// TestComputeNextDue: the plan says when its first waiting candidate
+// becomes due, the later of grace after it was first seen and grace after
+// its allocation's timestamp, so a collector can pass again right then.
+func TestComputeNextDue(t *testing.T) {
+	young := t0.Add(2 * time.Minute)
+	old := t0.Add(-time.Hour)
+	snap := func(ts *time.Time) *Snapshot {
+		return &Snapshot{
+			Blocks:     []*tabbyv1.IPAMBlock{mkBlock("10.1.0.0/29", "n1", held{1, podAttr("ns", "p", "n1", ts), 1})},
+			Affinities: []*tabbyv1.BlockAffinity{aff("n1", "10.1.0.0/29")},
+			Nodes:      map[string]bool{"n1": true},
+		}
+	}
+	p, seen := Compute(snap(&old), Seen{}, t0, grace)
+	if want := t0.Add(grace); !p.NextDue.Equal(want) {
+		t.Errorf("first seen at t0: next due %v, want %v", p.NextDue.Sub(t0), want.Sub(t0))
+	}
+	p, _ = Compute(snap(&young), seen, t0.Add(time.Minute), grace)
+	if want := young.Add(grace); !p.NextDue.Equal(want) {
+		t.Errorf("allocated at t0+2m: next due %v, want %v", p.NextDue.Sub(t0), want.Sub(t0))
+	}
+	p, _ = Compute(snap(&old), seen, t0.Add(grace), grace)
+	if !p.NextDue.IsZero() || len(p.Allocations) != 1 || !p.Allocations[0].Due {
+		t.Errorf("at t0+grace it is due and nothing waits: %+v", p)
+	}
+}
