@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -127,38 +128,33 @@ func BenchmarkCompile(b *testing.B) {
 }
 
 // TestRulesGrowWithPoliciesNotPods: more replicas of the same pods under
-// the same policies add set members and one dispatch rule per local pod
-// and direction, never policy rules; more policies add rules in proportion.
+// the same policies add set members only, not a single rule or set (local
+// pods are dispatched by set); more policies add rules in proportion.
 func TestRulesGrowWithPoliciesNotPods(t *testing.T) {
-	dispatch := func(rs *Ruleset) (n int) {
-		for _, c := range rs.Chains {
-			if c.Name == ChainFromPod || c.Name == ChainToPod {
-				n += len(c.Rules)
-			}
+	for _, deny := range []bool{false, true} {
+		in1, in5 := scaleInputReplicas(1000, 200, 1, 1), scaleInputReplicas(1000, 200, 1, 5)
+		in1.DenyUnlisted, in5.DenyUnlisted = deny, deny
+		one, five := Compile(in1), Compile(in5)
+		checkRuleset(t, one)
+		checkRuleset(t, five)
+		r1, s1, m1 := rulesetSize(one)
+		r5, s5, m5 := rulesetSize(five)
+		t.Logf("DenyUnlisted %v: 1000 local pods: %d rules, %d sets, %d members; 5000 local pods (5 replicas): %d rules, %d sets, %d members",
+			deny, r1, s1, m1, r5, s5, m5)
+		if !reflect.DeepEqual(one.Chains, five.Chains) || s5 != s1 {
+			t.Errorf("DenyUnlisted %v: chains or sets grew with replicas: %d -> %d rules, %d -> %d sets", deny, r1, r5, s1, s5)
 		}
-		return n
-	}
-	one := Compile(scaleInputReplicas(1000, 200, 1, 1))
-	five := Compile(scaleInputReplicas(1000, 200, 1, 5))
-	checkRuleset(t, one)
-	checkRuleset(t, five)
-	r1, s1, m1 := rulesetSize(one)
-	r5, s5, m5 := rulesetSize(five)
-	t.Logf("1000 pods: %d rules (%d dispatch), %d sets, %d members; 5000 pods (5 replicas): %d rules (%d dispatch), %d sets, %d members",
-		r1, dispatch(one), s1, m1, r5, dispatch(five), s5, m5)
-	if r5-dispatch(five) != r1-dispatch(one) || s5 != s1 {
-		t.Errorf("policy rules or sets grew with replicas: %d -> %d rules, %d -> %d sets", r1-dispatch(one), r5-dispatch(five), s1, s5)
-	}
-	podMembers := func(rs *Ruleset) (n int) {
-		for _, s := range rs.Sets {
-			if s.Type != SetHashNet {
-				n += len(s.Members)
+		podMembers := func(rs *Ruleset) (n int) {
+			for _, s := range rs.Sets {
+				if s.Type != SetHashNet {
+					n += len(s.Members)
+				}
 			}
+			return n
 		}
-		return n
-	}
-	if dispatch(five) != 5*dispatch(one) || podMembers(five) != 5*podMembers(one) {
-		t.Errorf("dispatch rules %d -> %d, pod members %d -> %d: want 5 times", dispatch(one), dispatch(five), podMembers(one), podMembers(five))
+		if podMembers(five) != 5*podMembers(one) {
+			t.Errorf("DenyUnlisted %v: pod members %d -> %d: want 5 times", deny, podMembers(one), podMembers(five))
+		}
 	}
 	p1, _, _ := rulesetSize(Compile(scaleInput(5000, 500, 50)))
 	p2, _, _ := rulesetSize(Compile(scaleInput(5000, 1000, 50)))

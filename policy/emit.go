@@ -36,10 +36,22 @@ func (p *cpolicy) chain(dir int) string {
 	return chainName(kindPolicyEgress, p.key)
 }
 
+// signature is one distinct combination of policies selecting local pods
+// in one direction: a TABBY-NP-E-/I- chain and its dispatch set.
 type signature struct {
-	name string
-	dir  int
+	name string // the chain
+	hash string // the hash in its name, which the set's name repeats
+	dir  int    // 0 ingress, 1 egress
 	pols []*cpolicy
+	eps  []*endpoint // the local pods it selects, sorted
+}
+
+// setName is the name of the signature's dispatch set in one family.
+func (s *signature) setName(fam int) string {
+	if s.dir == 1 {
+		return hashedSetName(setKindEgress, fam, s.hash)
+	}
+	return hashedSetName(setKindIngress, fam, s.hash)
 }
 
 func (c *compiler) emit() *Ruleset {
@@ -49,7 +61,7 @@ func (c *compiler) emit() *Ruleset {
 		dev = DeviceIfacePrefix + "+"
 	}
 	sigs := map[string]*signature{}
-	sigOf := func(dir int, pols []*cpolicy) string {
+	sigOf := func(dir int, pols []*cpolicy) *signature {
 		keys := make([]string, len(pols))
 		for i, p := range pols {
 			keys[i] = p.key
@@ -58,36 +70,25 @@ func (c *compiler) emit() *Ruleset {
 		if dir == 1 {
 			kind = kindPodEgress
 		}
-		name := chainName(kind, keys...)
-		if sigs[name] == nil {
-			sigs[name] = &signature{name: name, dir: dir, pols: pols}
+		h := hash(keys...)
+		name := PolicyChainPrefix + kind + h
+		s := sigs[name]
+		if s == nil {
+			s = &signature{name: name, hash: h, dir: dir, pols: pols}
+			sigs[name] = s
 		}
-		return name
+		return s
 	}
-	var from, to [][]string
 	for _, ep := range c.locals {
-		cm := []string{"-m", "comment", "--comment", comment(ep.key)}
-		switch {
-		case len(ep.eg) > 0:
-			from = append(from, cat([]string{"-i", ep.iface}, cm, []string{"-g", sigOf(1, ep.eg)}))
-		case c.in.DenyUnlisted:
-			from = append(from, cat([]string{"-i", ep.iface}, cm, []string{"-j", "RETURN"}))
+		if len(ep.eg) > 0 {
+			s := sigOf(1, ep.eg)
+			s.eps = append(s.eps, ep)
 		}
-		switch {
-		case len(ep.in) > 0:
-			to = append(to, cat([]string{"-o", ep.iface}, cm, []string{"-g", sigOf(0, ep.in)}))
-		case c.in.DenyUnlisted:
-			to = append(to, cat([]string{"-o", ep.iface}, cm, []string{"-j", "RETURN"}))
+		if len(ep.in) > 0 {
+			s := sigOf(0, ep.in)
+			s.eps = append(s.eps, ep)
 		}
 		c.rs.Programmed = append(c.rs.Programmed, ep.key)
-	}
-	if c.in.DenyUnlisted {
-		if dev != "" {
-			from = append(from, []string{"-i", dev, "-j", "RETURN"})
-			to = append(to, []string{"-o", dev, "-j", "RETURN"})
-		}
-		from = append(from, []string{"-j", "DROP"})
-		to = append(to, []string{"-j", "DROP"})
 	}
 
 	sigNames := make([]string, 0, len(sigs))
@@ -123,8 +124,44 @@ func (c *compiler) emit() *Ruleset {
 			{"-j", "MARK", "--set-xmark", markClear},
 			{"-j", "ACCEPT"},
 		})
+
+		// Dispatch: a rule per combination of policies, its pods in a set.
+		from, to := [][]string{}, [][]string{}
+		for _, n := range sigNames {
+			s := sigs[n]
+			set := s.setName(fam)
+			c.addIfaceSet(set, fam, s.eps)
+			if s.dir == 1 {
+				from = append(from, []string{"-m", "set", "--match-set", set, "src,src", "-g", s.name})
+			} else {
+				to = append(to, []string{"-m", "set", "--match-set", set, "dst,dst", "-g", s.name})
+			}
+		}
+		if c.in.DenyUnlisted {
+			var openEg, openIn []*endpoint
+			for _, ep := range c.locals {
+				if len(ep.eg) == 0 {
+					openEg = append(openEg, ep)
+				}
+				if len(ep.in) == 0 {
+					openIn = append(openIn, ep)
+				}
+			}
+			eg, in := UnselectedSetName(family, true), UnselectedSetName(family, false)
+			c.addIfaceSet(eg, fam, openEg)
+			c.addIfaceSet(in, fam, openIn)
+			from = append(from, []string{"-m", "set", "--match-set", eg, "src,src", "-j", "RETURN"})
+			to = append(to, []string{"-m", "set", "--match-set", in, "dst,dst", "-j", "RETURN"})
+			if dev != "" {
+				from = append(from, []string{"-i", dev, "-j", "RETURN"})
+				to = append(to, []string{"-o", dev, "-j", "RETURN"})
+			}
+			from = append(from, []string{"-j", "DROP"})
+			to = append(to, []string{"-j", "DROP"})
+		}
 		add(ChainFromPod, from)
 		add(ChainToPod, to)
+
 		for _, n := range sigNames {
 			s := sigs[n]
 			rules := [][]string{{"-j", "MARK", "--set-xmark", markClear}}
@@ -432,6 +469,21 @@ func (c *compiler) netSet(members []string, fam int) string {
 		c.sets[name] = &Set{Name: name, Type: SetHashNet, Family: families[fam], Members: members}
 	}
 	return name
+}
+
+// addIfaceSet adds the hash:net,iface set of one family holding
+// "<address>,<veth>" for every address of that family of the endpoints.
+func (c *compiler) addIfaceSet(name string, fam int, eps []*endpoint) {
+	var m []string
+	for _, ep := range eps {
+		for _, r := range ep.ranks {
+			if c.addrFam[r] == fam {
+				m = append(m, c.addrs[r]+","+ep.iface)
+			}
+		}
+	}
+	slices.Sort(m)
+	c.sets[name] = &Set{Name: name, Type: SetHashNetIface, Family: families[fam], Members: m}
 }
 
 // namedSet names the hash:ip,port set of every pod's address and port of

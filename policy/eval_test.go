@@ -41,6 +41,13 @@ type evalSet struct {
 	nets    []netip.Prefix
 	nomatch []bool
 	ipPorts map[string]bool // "ip,proto:port"
+	ifaces  []netIface
+}
+
+// netIface is a hash:net,iface member.
+type netIface struct {
+	net   netip.Prefix
+	iface string
 }
 
 // machine is one family's filter table of one node.
@@ -93,8 +100,32 @@ func newMachine(rs *Ruleset, family string) (*machine, error) {
 					return nil, fmt.Errorf("set %s: bad member %q", s.Name, mem)
 				}
 				es.ipPorts[a.String()+","+proto+":"+strconv.Itoa(n)] = true
+			case SetHashNetIface:
+				// "ip[/bits],iface": the kernel also takes "physdev:" and
+				// nomatch, which the compiler never emits.
+				v, iface, ok := strings.Cut(mem, ",")
+				if !strings.Contains(v, "/") {
+					v += "/128"
+					if strings.Contains(v, ".") {
+						v = strings.TrimSuffix(v, "/128") + "/32"
+					}
+				}
+				p, err := netip.ParsePrefix(v)
+				if !ok || err != nil || p.Addr().Is4() != (family == FamilyIPv4) || p.Masked() != p ||
+					iface == "" || len(iface) > 15 || strings.ContainsAny(iface, ",/: \t") {
+					return nil, fmt.Errorf("set %s: bad member %q", s.Name, mem)
+				}
+				es.ifaces = append(es.ifaces, netIface{p, iface})
 			default:
 				return nil, fmt.Errorf("set %s: unknown type %q", s.Name, s.Type)
+			}
+		}
+		// The kernel hashes a hash:net,iface member by its network alone
+		// and keeps at most 64 interfaces per network ("Hash is full").
+		perNet := map[netip.Prefix]int{}
+		for _, x := range es.ifaces {
+			if perNet[x.net]++; perNet[x.net] > 64 {
+				return nil, fmt.Errorf("set %s: more than 64 interfaces with %s, which the kernel refuses", s.Name, x.net)
 			}
 		}
 		m.sets[s.Name] = es
@@ -134,7 +165,7 @@ func newMachine(rs *Ruleset, family string) (*machine, error) {
 				if m.sets[sm.name] == nil {
 					return nil, fmt.Errorf("chain %s rule %q: set %s is not in the %s sets", n, r, sm.name, family)
 				}
-				if (sm.flags == "dst,dst") != (m.sets[sm.name].typ == SetHashIPPort) {
+				if !setFlags[m.sets[sm.name].typ][sm.flags] {
 					return nil, fmt.Errorf("chain %s rule %q: flags %s do not fit set type %s", n, r, sm.flags, m.sets[sm.name].typ)
 				}
 			}
@@ -151,6 +182,16 @@ func newMachine(rs *Ruleset, family string) (*machine, error) {
 }
 
 type setMatch struct{ name, flags string }
+
+// setFlags are the flags the compiler may match each set type with: as
+// many as the type has dimensions (with fewer the kernel never matches;
+// the second flag of hash:net,iface picks the input or output interface).
+var setFlags = map[SetType]map[string]bool{
+	SetHashIP:       {"src": true, "dst": true},
+	SetHashNet:      {"src": true, "dst": true},
+	SetHashIPPort:   {"dst,dst": true},
+	SetHashNetIface: {"src,src": true, "dst,dst": true},
+}
 
 type rule struct {
 	in, out      string
@@ -269,7 +310,7 @@ func parseRule(args []string) (*rule, error) {
 			if e != nil {
 				return nil, e
 			}
-			if flags != "src" && flags != "dst" && flags != "dst,dst" {
+			if flags != "src" && flags != "dst" && flags != "dst,dst" && flags != "src,src" {
 				return nil, fmt.Errorf("set flags %q", flags)
 			}
 			r.sets = append(r.sets, setMatch{v, flags})
@@ -338,9 +379,9 @@ func ifaceMatch(pattern, iface string) bool {
 }
 
 func (s *evalSet) has(p *pkt, flags string) bool {
-	a := p.src
-	if flags != "src" {
-		a = p.dst
+	a, iface := p.src, p.in
+	if !strings.HasPrefix(flags, "src") {
+		a, iface = p.dst, p.out
 	}
 	switch s.typ {
 	case SetHashIP:
@@ -355,6 +396,18 @@ func (s *evalSet) has(p *pkt, flags string) bool {
 		return best >= 0 && !nm
 	case SetHashIPPort:
 		return s.ipPorts[a.String()+","+p.proto+":"+strconv.Itoa(p.dport)]
+	case SetHashNetIface:
+		// The interface is matched by name, exactly (the compiler never
+		// sets the wildcard flag); a packet without one never matches.
+		if iface == "" || !a.IsValid() {
+			return false
+		}
+		for _, x := range s.ifaces {
+			if x.iface == iface && x.net.Contains(a) {
+				return true
+			}
+		}
+		return false
 	}
 	return false
 }

@@ -102,13 +102,42 @@ func TestLayout(t *testing.T) {
 	}) {
 		t.Errorf("%s: %q", ChainForward, got)
 	}
-	if len(chains[ChainFromPod].Rules) != 1 || len(chains[ChainToPod].Rules) != 3 {
-		t.Errorf("dispatch: from %q to %q", chains[ChainFromPod].Rules, chains[ChainToPod].Rules)
+	// One dispatch rule per combination of policies: x/a's egress; the
+	// ingress of x/a, x/b and x/c, which share a chain and a set. The
+	// set's name repeats the chain's hash.
+	sets := map[string]Set{}
+	for _, s := range rs.Sets {
+		sets[s.Name] = s
 	}
-	// x/b and x/c share their ingress chain: one per set of policies.
-	to := chains[ChainToPod].Rules
-	if to[1][len(to[1])-1] != to[2][len(to[2])-1] || to[0][len(to[0])-1] != to[1][len(to[1])-1] {
-		t.Errorf("pods selected by the same policies do not share a chain: %q", to)
+	for _, c := range []struct {
+		chain, flags, kind string
+		members            [2][]string
+	}{
+		{ChainFromPod, "src,src", "e", [2][]string{{"10.0.0.10,tabxa"}, {"fd00::10,tabxa"}}},
+		{ChainToPod, "dst,dst", "i", [2][]string{{"10.0.0.10,tabxa", "10.0.0.11,tabxb", "10.0.0.12,tabxc"}, {"fd00::10,tabxa", "fd00::11,tabxb", "fd00::12,tabxc"}}},
+	} {
+		for f, fam := range families {
+			var rules [][]string
+			for _, ch := range rs.ChainsFor(fam) {
+				if ch.Name == c.chain {
+					rules = ch.Rules
+				}
+			}
+			if len(rules) != 1 || len(rules[0]) != 7 {
+				t.Fatalf("%s %s: %q, want one rule", fam, c.chain, rules)
+			}
+			target := rules[0][6]
+			set := SetPrefix + c.kind + famDigit[f] + "-" + strings.ToLower(strings.TrimPrefix(target, PolicyChainPrefix+strings.ToUpper(c.kind)+"-"))
+			if want := []string{"-m", "set", "--match-set", set, c.flags, "-g", target}; !slices.Equal(rules[0], want) {
+				t.Errorf("%s %s: %q, want %q", fam, c.chain, rules[0], want)
+			}
+			if s := sets[set]; s.Type != SetHashNetIface || s.Family != fam || !slices.Equal(s.Members, c.members[f]) {
+				t.Errorf("%s set %s: %+v, want hash:net,iface %v", fam, set, s, c.members[f])
+			}
+		}
+	}
+	if _, ok := sets[UnselectedSetName(FamilyIPv4, true)]; ok {
+		t.Errorf("a set of unselected pods without DenyUnlisted")
 	}
 	if n4, n6 := len(rs.ChainsFor(FamilyIPv4)), len(rs.ChainsFor(FamilyIPv6)); n4 != n6 || n4 != 8 {
 		t.Errorf("%d IPv4 and %d IPv6 chains, want 8 each", n4, n6)
@@ -148,6 +177,90 @@ func TestPodChurnElsewhereOnlyChangesSets(t *testing.T) {
 	}
 	if !slices.Equal(names(before), names(after)) {
 		t.Errorf("set names changed: %v -> %v", names(before), names(after))
+	}
+}
+
+// A local pod coming, going or changing labels changes set members only,
+// as long as the policies selecting it select another local pod too: the
+// chains (what iptables-restore would write) stay as they are. Only a
+// combination of policies gaining its first local pod, or losing its last,
+// changes chains. The new pods are enforced all the same.
+func TestLocalPodChurnOnlyChangesSets(t *testing.T) {
+	w := newXYZ(1)
+	w.policies = nps(
+		pol("x", "p", ml("pod", "a"), ingress(peers{selPeer(mlp("pod", "b"))})),
+		pol("x", "q", all, types(tEg), egress(peers{nsPeer(mlp("ns", "z"))})),
+		pol("x", "r", ml("pod", "special"), ingress(nil, num("TCP", 81))))
+	compile := func() *Ruleset {
+		in := w.input("n1")
+		in.DenyUnlisted = true
+		rs := Compile(in)
+		checkRuleset(t, rs)
+		return rs
+	}
+	names := func(rs *Ruleset) []string {
+		var n []string
+		for _, s := range rs.Sets {
+			n = append(n, s.Name)
+		}
+		return n
+	}
+	newPod := func(ns, name, label string, i byte) *tpod {
+		p := &tpod{ns: ns, name: name, labels: map[string]string{"pod": label}, node: "n1", ports: servePorts(),
+			v4: netip.AddrFrom4([4]byte{10, 0, 5, i}), v6: netip.MustParseAddr(fmt.Sprintf("fd00::5:%d", i))}
+		w.pods = append(w.pods, p)
+		return p
+	}
+	prev := compile()
+	for _, c := range []struct {
+		name      string
+		change    func()
+		newChains bool
+	}{
+		{"a pod the same policies select", func() { newPod("x", "d", "a", 1) }, false},
+		{"a pod no policy selects", func() { newPod("y", "d", "nobody", 2) }, false},
+		{"a pod relabelled into another existing combination", func() { w.pod("x/b").labels["pod"] = "a" }, false},
+		{"a pod gone, others of its combination left", func() {
+			w.pods = slices.DeleteFunc(w.pods, func(p *tpod) bool { return p.key() == "x/c" })
+		}, false},
+		{"a pod of a combination no local pod had", func() { newPod("x", "s", "special", 3) }, true},
+	} {
+		c.change()
+		rs := compile()
+		if changed := !reflect.DeepEqual(prev.Chains, rs.Chains); changed != c.newChains {
+			t.Errorf("%s: chains changed %v, want %v", c.name, changed, c.newChains)
+		}
+		if !c.newChains && !slices.Equal(names(prev), names(rs)) {
+			t.Errorf("%s: set names changed: %v -> %v", c.name, names(prev), names(rs))
+		}
+		if reflect.DeepEqual(prev.Sets, rs.Sets) {
+			t.Errorf("%s: no set changed", c.name)
+		}
+		prev = rs
+	}
+	// Every pod gets what its policies say: x/d and x/b (now pod=a) take
+	// ingress only from pod=b pods (none left), x/s only port 81; all of
+	// x egress only to z.
+	ms := machines(t, prev)
+	for f, m := range ms {
+		send := func(from, to string, port int) bool {
+			a, b := w.pod(from), w.pod(to)
+			v, _ := m.forward(pkt{src: a.addr(f), dst: b.addr(f), in: a.iface(), out: b.iface(), proto: "tcp", dport: port, ctstate: "NEW"})
+			return v == vAccept
+		}
+		for _, c := range []struct {
+			from, to string
+			port     int
+			want     bool
+		}{
+			{"y/a", "x/d", 80, false}, {"y/a", "x/b", 80, false}, {"y/a", "x/a", 80, false},
+			{"y/a", "x/s", 80, false}, {"y/a", "x/s", 81, true}, {"y/d", "y/a", 80, true},
+			{"x/d", "z/a", 80, true}, {"x/d", "y/a", 80, false}, {"x/s", "y/d", 80, false},
+		} {
+			if got := send(c.from, c.to, c.port); got != c.want {
+				t.Errorf("%s %s -> %s:%d: %v, want %v", families[f], c.from, c.to, c.port, got, c.want)
+			}
+		}
 	}
 }
 
@@ -267,18 +380,76 @@ func TestDenyUnlisted(t *testing.T) {
 			{"tabby.vxlan", xb.iface(), w.ext, vAccept},
 			{"tabby.vxlan", xa.iface(), w.ext, vDrop},
 			{"tabby.vxlan", "eth0", w.ext, vReturn},
+			// An address on a veth that is not its pod's: x/b's veth
+			// with y/b's source (spoofed), y/b's with x/b's.
+			{xb.iface(), "eth0", yb, vDrop},
+			{yb.iface(), xb.iface(), xb, vDrop},
 		} {
-			p := pkt{src: c.src.addr(f), dst: xa.addr(f), in: c.in, out: c.out, proto: "tcp", dport: 80, ctstate: "NEW"}
+			dst := xa // the destination address is that of the pod behind c.out
+			if c.out == xb.iface() {
+				dst = xb
+			}
+			p := pkt{src: c.src.addr(f), dst: dst.addr(f), in: c.in, out: c.out, proto: "tcp", dport: 80, ctstate: "NEW"}
 			if v, _ := m.forward(p); v != c.want {
 				t.Errorf("%s %s -> %s: %v, want %v", families[f], c.in, c.out, v, c.want)
 			}
 		}
 	}
+	// Packets to a pod's veth with another destination, from both a
+	// listed pod and the outside.
+	for f, m := range ms {
+		for _, p := range []pkt{
+			{src: xb.addr(f), dst: yb.addr(f), in: xb.iface(), out: xa.iface()},
+			{src: w.ext.addr(f), dst: xb.addr(f), in: "eth0", out: yb.iface()},
+		} {
+			p.proto, p.dport, p.ctstate = "tcp", 80, "NEW"
+			if v, _ := m.forward(p); v != vDrop {
+				t.Errorf("%s %s -> %s to %s: %v, want DROP", families[f], p.in, p.out, p.dst, v)
+			}
+		}
+	}
+	// The dispatch chains end in the set of the pods no policy of their
+	// direction selects, then drop. x/a is selected for ingress only.
+	for f, fam := range families {
+		eg, in := UnselectedSetName(fam, true), UnselectedSetName(fam, false)
+		for _, c := range rs.ChainsFor(fam) {
+			var want [][]string
+			switch c.Name {
+			case ChainFromPod:
+				want = [][]string{{"-m", "set", "--match-set", eg, "src,src", "-j", "RETURN"}, {"-i", "tabby+", "-j", "RETURN"}, {"-j", "DROP"}}
+			case ChainToPod:
+				want = [][]string{{"-m", "set", "--match-set", in, "dst,dst", "-j", "RETURN"}, {"-o", "tabby+", "-j", "RETURN"}, {"-j", "DROP"}}
+			default:
+				continue
+			}
+			if got := c.Rules[len(c.Rules)-3:]; !reflect.DeepEqual(got, want) {
+				t.Errorf("%s %s ends %q, want %q", fam, c.Name, got, want)
+			}
+		}
+		xaMember := xa.addr(f).String() + "," + xa.iface()
+		for _, s := range rs.Sets {
+			switch {
+			case s.Name == eg && (len(s.Members) != 9 || s.Members[0] != xaMember):
+				t.Errorf("%s: %+v, want the 9 local pods", eg, s)
+			case s.Name == in && (len(s.Members) != 8 || slices.Contains(s.Members, xaMember)):
+				t.Errorf("%s: %+v, want the 8 local pods but x/a", in, s)
+			}
+		}
+	}
+
 	// Without it an unknown veth is open.
 	in.DenyUnlisted = false
 	ms = machines(t, Compile(in))
 	if v, _ := ms[0].forward(pkt{src: yb.v4, dst: xb.v4, in: "tabnew", out: xb.iface(), proto: "tcp", dport: 80, ctstate: "NEW"}); v != vAccept {
 		t.Errorf("unlisted veth without DenyUnlisted: %v", v)
+	}
+	// So is an address on a listed veth that is not its pod's (dispatch is
+	// by address and veth): what DenyUnlisted closes, as Ruleset says.
+	if v, _ := ms[0].forward(pkt{src: yb.v4, dst: xb.v4, in: yb.iface(), out: xa.iface(), proto: "tcp", dport: 80, ctstate: "NEW"}); v != vAccept {
+		t.Errorf("a foreign address on a listed veth without DenyUnlisted: %v", v)
+	}
+	if v, _ := ms[0].forward(pkt{src: yb.v4, dst: xa.v4, in: yb.iface(), out: xa.iface(), proto: "tcp", dport: 80, ctstate: "NEW"}); v != vDrop {
+		t.Errorf("y/b -> x/a without DenyUnlisted: %v, want DROP", v)
 	}
 }
 

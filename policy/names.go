@@ -35,14 +35,22 @@ func chainName(kind string, parts ...string) string {
 
 // Set kinds: the letter after SetPrefix.
 const (
-	setKindPods  = 'p' // hash:ip, pod IPs of a rule's selector peers
-	setKindNets  = 'n' // hash:net, a rule's ipBlocks
-	setKindNamed = 'q' // hash:ip,port, the pods' ports of one name
+	setKindPods    = 'p' // hash:ip, pod IPs of a rule's selector peers
+	setKindNets    = 'n' // hash:net, a rule's ipBlocks
+	setKindNamed   = 'q' // hash:ip,port, the pods' ports of one name
+	setKindEgress  = 'e' // hash:net,iface, the local pods of one TABBY-NP-E- chain
+	setKindIngress = 'i' // hash:net,iface, the local pods of one TABBY-NP-I- chain
+	// 'u' is UnselectedSetName's: the local pods no policy selects.
 )
 
 // setName is SetPrefix + kind + family digit + "-" + hash: 26 bytes.
 func setName(kind byte, fam int, parts ...string) string {
-	return SetPrefix + string(kind) + famDigit[fam] + "-" + strings.ToLower(hash(parts...))
+	return hashedSetName(kind, fam, hash(parts...))
+}
+
+// hashedSetName is SetPrefix + kind + family digit + "-" + h in lower case.
+func hashedSetName(kind byte, fam int, h string) string {
+	return SetPrefix + string(kind) + famDigit[fam] + "-" + strings.ToLower(h)
 }
 
 // comment makes a name safe as one iptables argument: [A-Za-z0-9._/:-],

@@ -77,12 +77,40 @@ const (
 	// of which drops what its policies deny, then clears MarkAllowed and
 	// ACCEPTs.
 	ChainPod = PolicyChainPrefix + "POD"
-	// ChainFromPod dispatches on -i: one rule per local pod selected by an
-	// egress policy, "-i <veth> -g TABBY-NP-E-<hash>".
+	// ChainFromPod dispatches a packet in from a local pod's veth to the
+	// chain of the egress policies selecting that pod, by set membership:
+	// one rule per distinct combination of egress policies,
+	// "-m set --match-set tabby-np-e4-<h> src,src -g TABBY-NP-E-<H>", whose
+	// hash:net,iface set holds "<pod IP>,<veth>" of every local pod that
+	// combination selects. A pod coming, going or changing labels changes
+	// members; the rules change only when a combination gains its first
+	// pod or loses its last.
 	ChainFromPod = PolicyChainPrefix + "FROM-POD"
-	// ChainToPod dispatches on -o: "-o <veth> -g TABBY-NP-I-<hash>".
+	// ChainToPod is the same for ingress, on the destination address and
+	// the output interface: "-m set --match-set tabby-np-i4-<h> dst,dst
+	// -g TABBY-NP-I-<H>".
 	ChainToPod = PolicyChainPrefix + "TO-POD"
 )
+
+// UnselectedSetName is the name of the hash:net,iface set of the local
+// pods ("<pod IP>,<veth>") that no policy of a direction (egress or not:
+// ingress) selects, in one family, which the dispatch chains return for
+// with Input.DenyUnlisted: "tabby-np-u4-egress", "tabby-np-u6-ingress"…
+// A pod is in exactly one set of each direction: that of the policies
+// selecting it, or this one; a pod no set holds (not known yet) is
+// dropped. So when a pod's policies change, the applier's order (members
+// added, chains written, members removed) never lets its traffic through
+// unpoliced.
+func UnselectedSetName(family string, egress bool) string {
+	d, dir := "4", "ingress"
+	if family == FamilyIPv6 {
+		d = "6"
+	}
+	if egress {
+		dir = "egress"
+	}
+	return SetPrefix + "u" + d + "-" + dir
+}
 
 // Input is everything the compiler reads.
 type Input struct {
@@ -101,7 +129,9 @@ type Input struct {
 	// of [A-Za-z0-9_.-] is replaced by DefaultHostVethPrefix.
 	HostVethPrefix string
 	// DenyUnlisted drops traffic in from or out to a host veth with the
-	// prefix that is no local Endpoint's HostIface, so a pod the Ruleset
+	// prefix that is no local Endpoint's HostIface, or that is one but
+	// with a pod address (the source in from it, the destination out to
+	// it) that is not one of that Endpoint's IPs, so a pod the Ruleset
 	// does not know yet is default-denied rather than open. Off, such
 	// traffic is accepted as for a pod no policy selects.
 	DenyUnlisted bool
@@ -129,8 +159,18 @@ type Endpoint struct {
 // ChainsFor(FamilyIPv4) with iptables-restore and ChainsFor(FamilyIPv6) with
 // ip6tables-restore, creates SetsFor(family) in ipset, and puts the same
 // Jumps in both tables. Rule content never depends on which pods carry
-// which labels, only on policies and on which local pods they select: pod
-// churn elsewhere only changes set members.
+// which labels or which pods exist, only on the policies and on which
+// distinct combinations of them select some local pod: pods coming, going
+// or changing labels, here or elsewhere, change set members, and chains
+// only when a combination of policies gains its first local pod or loses
+// its last.
+//
+// Dispatch to a local pod's chains is by (address, veth): a packet in from
+// a pod's veth is that pod's when its source address is one of the pod's
+// (Endpoint.IPs), one out to its veth when its destination address is. A
+// packet on a pod's veth with an address that is not the pod's (spoofed,
+// or of a family the Endpoint has no address in) is treated as traffic of
+// a veth no Endpoint claims: dropped with DenyUnlisted, accepted without.
 //
 // Layout (filter table, both families):
 //
@@ -148,10 +188,19 @@ type Endpoint struct {
 //	                 -o tab+ -j TABBY-NP-TO-POD       (drops what ingress denies)
 //	                 -j MARK --set-xmark 0x0/0x10000
 //	                 -j ACCEPT
-//	TABBY-NP-FROM-POD -i <veth> -m comment --comment <ns/pod> -g TABBY-NP-E-<h>   per local pod some egress policy selects
-//	                  (with DenyUnlisted: "-i <veth> -j RETURN" for the other local pods,
-//	                  then "-i tabby+ -j RETURN", "-j DROP")
-//	TABBY-NP-TO-POD   -o <veth> -m comment --comment <ns/pod> -g TABBY-NP-I-<h>   the same for ingress (-o)
+//	TABBY-NP-FROM-POD -m set --match-set tabby-np-e4-<h> src,src -g TABBY-NP-E-<H>
+//	                  one per distinct set of egress policies selecting some local pod,
+//	                  sorted by chain name; the hash:net,iface set holds "<IP>,<veth>"
+//	                  for each address of each local pod those policies select, and
+//	                  <h> is <H> in lower case
+//	                  (with DenyUnlisted, then:
+//	                  "-m set --match-set tabby-np-u4-egress src,src -j RETURN" for
+//	                  the local pods no egress policy selects (UnselectedSetName),
+//	                  "-i tabby+ -j RETURN", "-j DROP")
+//	TABBY-NP-TO-POD   -m set --match-set tabby-np-i4-<h> dst,dst -g TABBY-NP-I-<H>
+//	                  the same for ingress, on the destination address and the
+//	                  output interface (with DenyUnlisted, tabby-np-u4-ingress,
+//	                  "-o tabby+ -j RETURN", "-j DROP")
 //	TABBY-NP-E-<h>   one chain per distinct set of egress policies selecting a pod (pods share it):
 //	                 -j MARK --set-xmark 0x0/0x10000
 //	                 -m comment --comment <ns/policy> -j TABBY-NP-PE-<h>            per policy, sorted
@@ -176,10 +225,12 @@ type Ruleset struct {
 	// most 26 bytes long (the kernel allows 31, which leaves room for a
 	// temporary name to swap with), sorted by name. Every set a rule names
 	// is listed, possibly empty; a set's name depends only on what defines
-	// its members (the rule's selectors, its exact CIDRs, the port name) and
-	// its family, so pod churn only changes members. The applier must
-	// create sets before loading chains naming them, and destroy a set only
-	// after no chain names it.
+	// its members (the rule's selectors, its exact CIDRs, the port name,
+	// the combination of policies of a dispatch set) and its family, so pod
+	// churn only changes members. The applier must create sets and add
+	// members before loading chains naming them, remove members only after
+	// (so a pod moving to a dispatch set that only the new chains name is
+	// never in none), and destroy a set only after no chain names it.
 	Sets []Set
 	// Chains are every chain tabby wants in the filter table, names starting
 	// with PolicyChainPrefix and at most 26 bytes long (the kernel allows
@@ -210,6 +261,13 @@ const (
 	// SetHashIPPort members are "<ip>,<proto>:<port>", e.g. "10.0.0.1,tcp:80"
 	// or "fd00::1,sctp:9000"; rules match it with "dst,dst".
 	SetHashIPPort SetType = "hash:ip,port"
+	// SetHashNetIface members are "<ip>,<iface>" (or "<cidr>,<iface>"),
+	// e.g. "10.244.1.5,tab0123456789a"; rules match it with "src,src" (the
+	// source address and the input interface) or "dst,dst" (the
+	// destination address and the output interface). The kernel keeps at
+	// most 64 interfaces per distinct address or CIDR, so tabby only puts
+	// pod addresses in it, never a /0.
+	SetHashNetIface SetType = "hash:net,iface"
 )
 
 // Set is one ipset.
@@ -218,8 +276,9 @@ type Set struct {
 	Type SetType
 	// Family is "inet" or "inet6".
 	Family string
-	// Members are addresses (hash:ip), CIDRs (hash:net) or address,port
-	// pairs (hash:ip,port), sorted (as strings) and unique. With hash:net
+	// Members are addresses (hash:ip), CIDRs (hash:net), address,port
+	// pairs (hash:ip,port) or address,interface pairs (hash:net,iface),
+	// sorted (as strings) and unique. With hash:net
 	// a member may end in " nomatch" for an ipBlock except (Compile emits
 	// none: it computes the exact CIDRs of cidr minus except itself, never
 	// a /0, which hash:net cannot hold).

@@ -503,6 +503,29 @@ func rulesetInvariants(rs *Ruleset) error {
 			}
 		}
 	}
+	// A local pod's address is in at most one dispatch set per direction
+	// and family: that of its policies or that of unselected pods.
+	seen := map[string]string{}
+	for _, s := range rs.Sets {
+		dir := ""
+		switch {
+		case strings.HasPrefix(s.Name, SetPrefix+string(setKindEgress)) || s.Name == UnselectedSetName(s.Family, true):
+			dir = "egress"
+		case strings.HasPrefix(s.Name, SetPrefix+string(setKindIngress)) || s.Name == UnselectedSetName(s.Family, false):
+			dir = "ingress"
+		default:
+			continue
+		}
+		if s.Type != SetHashNetIface {
+			return fmt.Errorf("dispatch set %s is a %s", s.Name, s.Type)
+		}
+		for _, m := range s.Members {
+			if other, dup := seen[dir+" "+m]; dup {
+				return fmt.Errorf("%s is in the %s dispatch sets %s and %s", m, dir, other, s.Name)
+			}
+			seen[dir+" "+m] = s.Name
+		}
+	}
 	if !sort.StringsAreSorted(rs.Programmed) {
 		return fmt.Errorf("Programmed not sorted")
 	}

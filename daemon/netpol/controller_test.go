@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -181,6 +182,19 @@ func (w *world) kernel(t *testing.T, b string) string {
 	return out.String()
 }
 
+// ingressDispatched says whether a kernel dump (iptables-save -t filter and
+// ipset save) sends traffic for the address out the veth to an ingress
+// policy chain: the pair is in a dispatch set TABBY-NP-TO-POD goes by.
+func ingressDispatched(kernel, ip, veth string) bool {
+	re := regexp.MustCompile(`(?m)^add (tabby-np-i[46]-\S+) ` + regexp.QuoteMeta(ip+","+veth) + `$`)
+	for _, m := range re.FindAllStringSubmatch(kernel, -1) {
+		if strings.Contains(kernel, "-A "+policy.ChainToPod+" -m set --match-set "+m[1]+" dst,dst -g "+policy.PolicyChainPrefix+"I-") {
+			return true
+		}
+	}
+	return false
+}
+
 // countingRecorder passes Events on to the real recorder and counts them
 // by "reason object".
 type countingRecorder struct {
@@ -340,13 +354,11 @@ func TestControllerProgramsPods(t *testing.T) {
 		t.Fatalf("WaitProgrammed: %v", res.err)
 	}
 	veth := HostIface(server)
-	for _, want := range []string{
-		"-A " + policy.ChainToPod + " -o " + veth + " ",
-		`-A FORWARD -m comment --comment "tabby:network-policy" -j ` + policy.ChainForward,
-	} {
-		if !strings.Contains(res.kernel, want) {
-			t.Errorf("when WaitProgrammed returned (sync %d), the kernel lacked %q:\n%s", res.gen, want, res.kernel)
-		}
+	if !ingressDispatched(res.kernel, serverIP.String(), veth) {
+		t.Errorf("when WaitProgrammed returned (sync %d), the kernel did not dispatch %s on %s to an ingress chain:\n%s", res.gen, serverIP, veth, res.kernel)
+	}
+	if want := `-A FORWARD -m comment --comment "tabby:network-policy" -j ` + policy.ChainForward; !strings.Contains(res.kernel, want) {
+		t.Errorf("when WaitProgrammed returned (sync %d), the kernel lacked %q:\n%s", res.gen, want, res.kernel)
 	}
 	// The client's address reaches the peer set (not necessarily by the
 	// same sync: it was assigned after the server's).
@@ -452,9 +464,13 @@ func TestProblemsBecomeEvents(t *testing.T) {
 	key := ReasonNotEnforced + " " + w.ns + "/refused"
 
 	// Several syncs: one per pod whose address arrives.
+	var a0 netip.Addr
 	for i := range 3 {
 		p := w.pod(t, fmt.Sprintf("a%d", i), w.node, map[string]string{"app": "a"})
 		ip := w.assign(t, p)
+		if i == 0 {
+			a0 = ip
+		}
 		if _, err := r.c.WaitProgrammed(waitCtx(t, 30*time.Second), w.ns, p.Name, "", []netip.Addr{ip}); err != nil {
 			t.Fatal(err)
 		}
@@ -463,7 +479,7 @@ func TestProblemsBecomeEvents(t *testing.T) {
 		t.Errorf("%d Events for one problem over several syncs, want 1", n)
 	}
 	// The policy that is fine is enforced: the pods have its chain.
-	if k := w.kernel(t, r.applier.Backend().IPTablesSave); !strings.Contains(k, "-o "+HostIface(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "a0"}})+" ") {
+	if k := w.kernel(t, r.applier.Backend().IPTablesSave); !ingressDispatched(k, a0.String(), HostIface(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: "a0"}})) {
 		t.Errorf("the policy without a problem is not programmed:\n%s", k)
 	}
 	events := func() []corev1.Event {
@@ -532,7 +548,7 @@ func TestAgentPolicyWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := w.kernel(t, r.applier.Backend().IPTablesSave)
-	if !resp.Enforced || resp.Generation == 0 || !strings.Contains(k, "-A "+policy.ChainToPod+" -o "+HostIface(p)+" ") {
+	if !resp.Enforced || resp.Generation == 0 || !ingressDispatched(k, ip.String(), HostIface(p)) {
 		t.Errorf("policy-wait answered %+v, the kernel then:\n%s", resp, k)
 	}
 	// An address that never comes: tabbyd's bound, and its reason.
@@ -620,4 +636,41 @@ func metric(t *testing.T, reg *prometheus.Registry, name, label string) float64 
 		}
 	}
 	return -1
+}
+
+// TestAgentShutdownEndsPolicyWaits: a policy wait in flight when tabbyd
+// stops ends at once with a reason, rather than holding tabbyd's exit for
+// its whole bound (the runtime retries the ADD).
+func TestAgentShutdownEndsPolicyWaits(t *testing.T) {
+	w := newWorld(t)
+	r := w.start(t, nil)
+	sock := filepath.Join(t.TempDir(), "cni.sock")
+	a, err := cniagent.New(cniagent.Config{Socket: sock, NodeName: w.node, DS: w.ds, Policy: r.c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var cl *agentapi.Client
+	eventually(t, "the agent's socket", func() bool {
+		c, err := agentapi.Dial(context.Background(), sock)
+		cl = c
+		return err == nil
+	})
+	defer cl.Close()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := cl.PolicyWait(waitCtx(t, time.Minute), agentapi.PolicyWaitRequest{Namespace: w.ns, Pod: "never", IPs: []net.IP{net.ParseIP("10.99.0.3")}, TimeoutMillis: 60000})
+		waited <- err
+	}()
+	time.Sleep(time.Second) // the wait is in flight
+	cancel()
+	if err := <-waited; err == nil || !strings.Contains(err.Error(), "shutting down") {
+		t.Errorf("a wait in flight at shutdown: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("agent: %v", err)
+	}
 }

@@ -170,7 +170,8 @@ func (e *e2e) mustAdd(t *testing.T, name string, labels map[string]string) *e2eP
 	return p
 }
 
-// filter is the node's filter table in both iptables backends.
+// filter is the node's filter table in both iptables backends, and its
+// ipsets.
 func (e *e2e) filter(t *testing.T) string {
 	t.Helper()
 	var out strings.Builder
@@ -185,6 +186,11 @@ func (e *e2e) filter(t *testing.T) string {
 			}
 			out.Write(o)
 		}
+		o, err := exec.Command("ipset", "save").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ipset save: %v: %s", err, o)
+		}
+		out.Write(o)
 		return nil
 	})
 	if err != nil {
@@ -226,8 +232,8 @@ func TestTabbydPluginWaitsForPolicy(t *testing.T) {
 
 	server := e.mustAdd(t, "server", map[string]string{"app": "server"})
 	// Right as ADD returns, the server's ingress chain is in the kernel.
-	if k, want := e.filter(t), " -o "+HostIface(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "server"}})+" "; !strings.Contains(k, want) {
-		t.Fatalf("ADD returned before the server's rules were in the kernel (no %q):\n%s", want, k)
+	if k, veth := e.filter(t), HostIface(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "server"}}); !ingressDispatched(k, server.ip.String(), veth) {
+		t.Fatalf("ADD returned before the server's rules were in the kernel (%s on %s not dispatched to an ingress chain):\n%s", server.ip, veth, k)
 	}
 	client := e.mustAdd(t, "client", map[string]string{"app": "client"})
 	addr := serve(t, server)

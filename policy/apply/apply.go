@@ -1,7 +1,8 @@
-// Package apply makes the kernel match a policy.Ruleset: ipsets first, then
-// the policy chains of the filter table in one iptables-restore --noflush
-// transaction per family, then the jumps at the top of the built-in chains,
-// and last the removal of chains and sets no longer wanted.
+// Package apply makes the kernel match a policy.Ruleset: ipsets first
+// (created, members added), then the policy chains of the filter table in
+// one iptables-restore --noflush transaction per family, then the members
+// no longer wanted removed, then the jumps at the top of the built-in
+// chains, and last the removal of chains and sets no longer wanted.
 //
 // It owns only what carries tabby's policy names: ipsets starting with
 // policy.SetPrefix, filter-table chains starting with
@@ -256,7 +257,7 @@ func (a *Applier) sync(ctx context.Context, d *desired, read bool, st *Stats) er
 
 func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]string, st *Stats) (map[string]string, error) {
 	t := time.Now()
-	alias, doomed, err := a.syncSets(ctx, d, st)
+	alias, doomed, dels, err := a.syncSets(ctx, d, st)
 	st.SetsTime += time.Since(t)
 	if err != nil {
 		return nil, err
@@ -273,6 +274,13 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 		}
 	}
 	st.ChainsTime += time.Since(t)
+
+	t = time.Now()
+	err = a.removeMembers(ctx, dels)
+	st.SetsTime += time.Since(t)
+	if err != nil {
+		return nil, err
+	}
 
 	t = time.Now()
 	for _, f := range a.fams {

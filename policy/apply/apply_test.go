@@ -2,6 +2,7 @@ package apply_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -140,8 +141,9 @@ func chain(name, fam string, rules ...string) policy.Chain {
 const mark = "-j MARK --set-xmark 0x10000/0x10000"
 
 // ruleset1 is a small Ruleset in the compiler's layout: one pod (veth
-// tab1234) isolated for ingress by one policy allowing TCP 80 from pods of
-// a set, from an ipBlock with an except, and a named port.
+// tab1234, dispatched by the hash:net,iface sets i4-aaaa and i6-aaaa)
+// isolated for ingress by one policy allowing TCP 80 from pods of a set,
+// from an ipBlock with an except, and a named port.
 func ruleset1() *policy.Ruleset {
 	rs := &policy.Ruleset{
 		Sets: []policy.Set{
@@ -149,6 +151,8 @@ func ruleset1() *policy.Ruleset {
 			{Name: "tabby-np-p6-aaa", Type: policy.SetHashIP, Family: policy.FamilyIPv6, Members: []string{"fd00:10:244::10"}},
 			{Name: "tabby-np-n4-bbb", Type: policy.SetHashNet, Family: policy.FamilyIPv4, Members: []string{"10.1.2.3", "192.168.0.0/16", "192.168.5.0/24 nomatch"}},
 			{Name: "tabby-np-q4-ccc", Type: policy.SetHashIPPort, Family: policy.FamilyIPv4, Members: []string{"10.244.1.10,tcp:8080"}},
+			{Name: "tabby-np-i4-aaaa", Type: policy.SetHashNetIface, Family: policy.FamilyIPv4, Members: []string{"10.244.1.10,tab1234"}},
+			{Name: "tabby-np-i6-aaaa", Type: policy.SetHashNetIface, Family: policy.FamilyIPv6, Members: []string{"fd00:10:244::10,tab1234"}},
 		},
 		Jumps: []policy.Jump{
 			{Chain: "FORWARD", Rule: r("-m comment --comment tabby:network-policy -j TABBY-NP-FORWARD")},
@@ -164,7 +168,9 @@ func ruleset1() *policy.Ruleset {
 		"-j MARK --set-xmark 0x0/0x10000",
 		"-j ACCEPT")...)
 	rs.Chains = append(rs.Chains, both("TABBY-NP-FROM-POD")...)
-	rs.Chains = append(rs.Chains, both("TABBY-NP-TO-POD", "-o tab1234 -m comment --comment x/a -g TABBY-NP-I-AAAA")...)
+	rs.Chains = append(rs.Chains,
+		chain("TABBY-NP-TO-POD", policy.FamilyIPv4, "-m set --match-set tabby-np-i4-aaaa dst,dst -g TABBY-NP-I-AAAA"),
+		chain("TABBY-NP-TO-POD", policy.FamilyIPv6, "-m set --match-set tabby-np-i6-aaaa dst,dst -g TABBY-NP-I-AAAA"))
 	rs.Chains = append(rs.Chains, both("TABBY-NP-I-AAAA",
 		"-j MARK --set-xmark 0x0/0x10000",
 		"-m comment --comment x/allow -j TABBY-NP-PI-AAAA",
@@ -182,12 +188,13 @@ func ruleset1() *policy.Ruleset {
 
 // ruleset2 changes only members: a pod moves from one set to another (out
 // of p4-aaa, into n4-bbb), the except stops being one, a named port gains
-// a pod.
+// a pod, and so does the policy (a second local pod, veth tab5678).
 func ruleset2() *policy.Ruleset {
 	rs := ruleset1()
 	rs.Sets[0].Members = []string{"10.244.1.10"}
 	rs.Sets[2].Members = []string{"10.1.2.3", "10.244.2.11", "192.168.0.0/16", "192.168.5.0/24"}
 	rs.Sets[3].Members = []string{"10.244.1.10,tcp:8080", "10.244.1.12,tcp:8080"}
+	rs.Sets[4].Members = []string{"10.244.1.10,tab1234", "10.244.1.12,tab5678"}
 	return rs
 }
 
@@ -197,7 +204,7 @@ func ruleset2() *policy.Ruleset {
 // the OUTPUT jump.
 func ruleset3() *policy.Ruleset {
 	rs := ruleset2()
-	rs.Sets = rs.Sets[:3]
+	rs.Sets = slices.Delete(rs.Sets, 3, 4)
 	rs.Jumps = rs.Jumps[:1]
 	var chains []policy.Chain
 	for _, c := range rs.Chains {
@@ -279,10 +286,10 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	// The hash:net tabby-np-p4-aaa, named by a leftover rule, is replaced
 	// in two passes through a stand-in set: 5 sets created, 3 deleted (the
 	// stand-in too), the chain naming it written twice.
-	if !st.KernelRead || st.SetsCreated != 5 || st.ChainsWritten != 13 || st.ChainsDeleted != 2 || st.SetsDeleted != 3 ||
-		st.JumpsInserted != 4 || st.JumpsDeleted != 2 || st.MembersAdded != 9 {
-		t.Errorf("the first Apply: %+v; want the kernel read, 5 sets created (4 and a stand-in for the hash:net), 13 chains written (12, one twice), "+
-			"9 members added, 2 leftover chains, 3 sets (2 leftovers, the stand-in) and 2 jumps deleted, 4 jumps inserted", st)
+	if !st.KernelRead || st.SetsCreated != 7 || st.ChainsWritten != 13 || st.ChainsDeleted != 2 || st.SetsDeleted != 3 ||
+		st.JumpsInserted != 4 || st.JumpsDeleted != 2 || st.MembersAdded != 11 {
+		t.Errorf("the first Apply: %+v; want the kernel read, 7 sets created (6 and a stand-in for the hash:net), 13 chains written (12, one twice), "+
+			"11 members added, 2 leftover chains, 3 sets (2 leftovers, the stand-in) and 2 jumps deleted, 4 jumps inserted", st)
 	}
 
 	// 2. Members only: one ipset restore, no iptables-restore. Counters put
@@ -292,8 +299,8 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	n.sh("ipt", "-R", "TABBY-NP-FORWARD", "1", "-c", "9", "900", "-i", "tab+", "-j", "TABBY-NP-POD")
 	st = n.apply(ruleset2())
 	check("a members-only Apply", ruleset2())
-	if st.Restores != 0 || st.ChainsWritten != 0 || st.KernelRead || st.SetsUpdated != 3 || st.MembersAdded != 3 || st.MembersRemoved != 1 || st.Changed() != 3 {
-		t.Errorf("a members-only Apply: %+v; want no iptables-restore, no kernel read, 3 sets updated with 3 members added (one a nomatch flip) and 1 removed", st)
+	if st.Restores != 0 || st.ChainsWritten != 0 || st.KernelRead || st.SetsUpdated != 4 || st.MembersAdded != 4 || st.MembersRemoved != 1 || st.Changed() != 4 {
+		t.Errorf("a members-only Apply: %+v; want no iptables-restore, no kernel read, 4 sets updated with 4 members added (one a nomatch flip) and 1 removed", st)
 	}
 	mustCount(t, n, "ipt-save", "[7:700] -A TABBY-NP-I-AAAA -j DROP")
 	mustCount(t, n, "ipt-save", "[9:900] -A TABBY-NP-FORWARD -i tab+ -j TABBY-NP-POD")
@@ -346,12 +353,13 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	n.sh("ip6t", "-A", "TABBY-NP-PI-BBBB", "-j", "ACCEPT")
 	n.sh("ipset", "del", "tabby-np-p4-aaa", "10.244.1.10")
 	n.sh("ipset", "add", "tabby-np-n4-bbb", "10.66.0.0/16")
+	n.sh("ipset", "del", "tabby-np-i4-aaaa", "10.244.1.12,tab5678")
 	n.sh("ipset", "create", "tabby-np-stray", "hash:ip")
 	n.a.Invalidate()
 	st = n.apply(ruleset3())
 	check("repairing tampering", ruleset3())
-	if !st.KernelRead || st.ChainsWritten != 2 || st.MembersAdded != 1 || st.MembersRemoved != 1 || st.SetsDeleted != 1 {
-		t.Errorf("repairing tampering: %+v; want the 2 tampered chains rewritten, 1 member added and 1 removed, the stray set deleted", st)
+	if !st.KernelRead || st.ChainsWritten != 2 || st.MembersAdded != 2 || st.MembersRemoved != 1 || st.SetsDeleted != 1 {
+		t.Errorf("repairing tampering: %+v; want the 2 tampered chains rewritten, 2 members added and 1 removed, the stray set deleted", st)
 	}
 
 	// 6. Everything of tabby's wiped behind the applier's back (as a
@@ -384,8 +392,8 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	empty := &policy.Ruleset{}
 	st = n.apply(empty)
 	check("removing everything", empty)
-	if st.ChainsDeleted != 12 || st.SetsDeleted != 3 || st.JumpsDeleted != 2 {
-		t.Errorf("removing everything: %+v; want 12 chains, 3 sets and 2 jumps deleted", st)
+	if st.ChainsDeleted != 12 || st.SetsDeleted != 5 || st.JumpsDeleted != 2 {
+		t.Errorf("removing everything: %+v; want 12 chains, 5 sets and 2 jumps deleted", st)
 	}
 
 	// 8. Cleanup after an Apply, twice: the second finds nothing.

@@ -3,12 +3,17 @@ package apply_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/policy"
@@ -235,4 +240,101 @@ func benchIncremental(b *testing.B, be iptbackend.Backend, rs *policy.Ruleset) {
 			}
 		}
 	})
+}
+
+// churnInput is one node's compiler input as tabbyd builds it with
+// --policy-deny-unlisted: local pods local pods in 10 namespaces (labels
+// app0..app9, so a few pods share each combination of policies), 20
+// NetworkPolicies (a default deny for ingress in half the namespaces, an
+// allow from app+1 on TCP 8080 and an egress to DNS), and as many remote
+// pods as peers.
+func churnInput(local int) *policy.Input {
+	in := &policy.Input{Node: "n1", DenyUnlisted: true}
+	for i := range 10 {
+		in.Namespaces = append(in.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ns%d", i)}})
+	}
+	for i := range 2 * local {
+		p := churnPod(fmt.Sprintf("ns%d", i%10), fmt.Sprintf("pod%d", i), fmt.Sprintf("app%d", (i/10)%10))
+		e := policy.Endpoint{Pod: p, IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), netip.AddrFrom16([16]byte{0xfd, 0, 14: byte(i >> 8), 15: byte(i)})}}
+		if i < local {
+			e.HostIface = fmt.Sprintf("tab%011x", i)
+		}
+		in.Endpoints = append(in.Endpoints, e)
+	}
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	p8080, p53 := intstr.FromInt32(8080), intstr.FromInt32(53)
+	for i := range 20 {
+		ns := fmt.Sprintf("ns%d", i%10)
+		var np *networkingv1.NetworkPolicy
+		switch {
+		case i < 5:
+			np = &networkingv1.NetworkPolicy{Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+		case i < 15:
+			np = &networkingv1.NetworkPolicy{Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", i%10)}},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", (i+1)%10)}}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p8080}},
+				}},
+			}}
+		default:
+			np = &networkingv1.NetworkPolicy{Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app%d", i%10)}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+				Egress: []networkingv1.NetworkPolicyEgressRule{{
+					To:    []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "ns0"}}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: &p53}},
+				}},
+			}}
+		}
+		np.Namespace, np.Name = ns, fmt.Sprintf("policy%d", i)
+		in.Policies = append(in.Policies, np)
+	}
+	return in
+}
+
+func churnPod(ns, name, app string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app}}}
+}
+
+// BenchmarkLocalPodChurn: what a local pod's CNI ADD or DEL costs the
+// node's policy sync (Compile and Apply, as tabbyd runs them) on a node
+// with 100 local pods under churnInput's policies: every iteration a new
+// local pod appears (even iterations) or goes (odd ones). "unselected": no
+// policy selects it; "selected": policies already selecting other pods
+// select it too. It reports how many chains were rewritten per op.
+func BenchmarkLocalPodChurn(b *testing.B) {
+	needRoot(b)
+	for _, be := range backends(b) {
+		b.Run(string(be.Mode), func(b *testing.B) {
+			for _, c := range []struct{ name, ns, app string }{{"unselected", "ns7", "none"}, {"selected", "ns2", "app2"}} {
+				b.Run(c.name, func(b *testing.B) {
+					n := newNS(b)
+					a := newBenchApplier(b, n, be)
+					base := churnInput(100)
+					with := *base
+					with.Endpoints = append(slices.Clone(base.Endpoints), policy.Endpoint{
+						Pod:       churnPod(c.ns, "churn", c.app),
+						IPs:       []netip.Addr{netip.MustParseAddr("10.244.200.1"), netip.MustParseAddr("fd00::c8:1")},
+						HostIface: "tabffffffffff0",
+					})
+					benchApply(b, n, a, policy.Compile(base))
+					chains, restores := 0, 0
+					i := 0
+					for b.Loop() {
+						in := base
+						if i%2 == 0 {
+							in = &with
+						}
+						i++
+						st := benchApply(b, n, a, policy.Compile(in))
+						chains += st.ChainsWritten
+						restores += st.Restores
+					}
+					b.ReportMetric(float64(chains)/float64(b.N), "chains-written/op")
+					b.ReportMetric(float64(restores)/float64(b.N), "iptables-restores/op")
+				})
+			}
+		})
+	}
 }

@@ -79,6 +79,24 @@ func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, ali
 	return nil
 }
 
+// chainsChange says whether writeChains has chains to write in some
+// family (without sets being replaced).
+func (a *Applier) chainsChange(d *desired) bool {
+	for _, f := range a.fams {
+		if f == nil {
+			continue
+		}
+		w := &d.fams[f.idx]
+		for _, name := range w.order {
+			kc := f.chains[name]
+			if kc == nil || !kc.written || !equalRules(kc.want, w.chains[name]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // readBackOneByOne is how many written chains are read back with one
 // `iptables -S CHAIN` each rather than one iptables-save of the table
 // (which, with thousands of set matches, takes tens of milliseconds).

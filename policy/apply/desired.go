@@ -75,8 +75,8 @@ func validate(rs *policy.Ruleset, skip [2]bool) (*desired, error) {
 			bad("set %s: family %q is neither %s nor %s", s.Name, s.Family, policy.FamilyIPv4, policy.FamilyIPv6)
 			continue
 		}
-		if s.Type != policy.SetHashIP && s.Type != policy.SetHashNet && s.Type != policy.SetHashIPPort {
-			bad("set %s: type %q is not one of %s, %s, %s", s.Name, s.Type, policy.SetHashIP, policy.SetHashNet, policy.SetHashIPPort)
+		if _, ok := setDims[s.Type]; !ok {
+			bad("set %s: type %q is not one of %s, %s, %s, %s", s.Name, s.Type, policy.SetHashIP, policy.SetHashNet, policy.SetHashIPPort, policy.SetHashNetIface)
 			continue
 		}
 		if d.sets[s.Name] != nil {
@@ -101,15 +101,15 @@ func validate(rs *policy.Ruleset, skip [2]bool) (*desired, error) {
 		d.setNames = append(d.setNames, s.Name)
 	}
 	slices.Sort(d.setNames)
-	setFams := make(map[string]int, len(rs.Sets))
+	setInfos := make(map[string]setInfo, len(rs.Sets))
 	for _, s := range rs.Sets {
-		setFams[s.Name] = familyIndex(s.Family)
+		setInfos[s.Name] = setInfo{fam: familyIndex(s.Family), typ: s.Type}
 	}
-	setFamily := func(name string) int {
-		if f, ok := setFams[name]; ok {
-			return f
+	setFamily := func(name string) setInfo {
+		if i, ok := setInfos[name]; ok {
+			return i
 		}
-		return -1
+		return setInfo{fam: -1}
 	}
 
 	for f := range d.fams {
@@ -209,11 +209,28 @@ func checkName(name, prefix string, max int) error {
 	return nil
 }
 
+// setInfo is what checkRule needs to know of a set: family (-1: not in
+// the Ruleset) and type.
+type setInfo struct {
+	fam int
+	typ policy.SetType
+}
+
+// setDims are the set types the applier accepts, with their number of
+// dimensions: a --match-set with fewer src/dst flags than that never
+// matches (the kernel does not complain), so the applier refuses it.
+var setDims = map[policy.SetType]int{
+	policy.SetHashIP:       1,
+	policy.SetHashNet:      1,
+	policy.SetHashIPPort:   2,
+	policy.SetHashNetIface: 2,
+}
+
 // checkRule checks one rule of family fam: arguments that iptables-restore
 // can read, every set it matches (ours) is in the Ruleset with the rule's
-// family, and every tabby chain it jumps or goes to is a chain of the
-// family.
-func checkRule(rule []string, fam int, chains map[string][][]string, setFamily func(string) int) error {
+// family and is given a flag (src or dst) for each of its dimensions, and
+// every tabby chain it jumps or goes to is a chain of the family.
+func checkRule(rule []string, fam int, chains map[string][][]string, setFamily func(string) setInfo) error {
 	if len(rule) == 0 {
 		return errors.New("empty rule")
 	}
@@ -238,11 +255,27 @@ func checkRule(rule []string, fam int, chains map[string][][]string, setFamily f
 			if !strings.HasPrefix(name, policy.SetPrefix) {
 				continue // somebody else's set: the kernel will say if it is missing
 			}
-			switch sf := setFamily(name); {
-			case sf < 0:
+			si := setFamily(name)
+			switch {
+			case si.fam < 0:
 				return fmt.Errorf("matches the set %s, which the Ruleset does not list", name)
-			case sf != fam:
-				return fmt.Errorf("matches the set %s of family %s in a %s rule", name, familyNames[sf], familyNames[fam])
+			case si.fam != fam:
+				return fmt.Errorf("matches the set %s of family %s in a %s rule", name, familyNames[si.fam], familyNames[fam])
+			}
+			if a == "--match-set" {
+				var flags []string
+				if i+2 < len(rule) {
+					flags = strings.Split(rule[i+2], ",")
+				}
+				for _, f := range flags {
+					if f != "src" && f != "dst" {
+						return fmt.Errorf("matches the set %s with flags %q: want src or dst for each of its dimensions, comma-separated", name, strings.Join(flags, ","))
+					}
+				}
+				if n := setDims[si.typ]; len(flags) < n {
+					return fmt.Errorf("matches the %s set %s with %d flag(s) %q: it has %d dimensions and would never match (e.g. %s)",
+						si.typ, name, len(flags), strings.Join(flags, ","), n, strings.TrimSuffix(strings.Repeat("src,", n), ","))
+				}
 			}
 		}
 	}
@@ -275,10 +308,11 @@ func target(rule []string) string {
 func normalizeMember(typ policy.SetType, fam int, m string) (keys []string, nomatch bool, err error) {
 	fields := strings.Fields(m)
 	switch {
-	case len(fields) == 2 && fields[1] == "nomatch" && typ == policy.SetHashNet:
+	case len(fields) == 2 && fields[1] == "nomatch" && (typ == policy.SetHashNet || typ == policy.SetHashNetIface):
 		nomatch = true
 	case len(fields) != 1:
-		return nil, false, errors.New(`want one address (hash:ip), CIDR (hash:net, optionally followed by " nomatch") or address,proto:port (hash:ip,port)`)
+		return nil, false, errors.New(`want one address (hash:ip), CIDR (hash:net, optionally followed by " nomatch"), address,proto:port (hash:ip,port) ` +
+			`or address,interface (hash:net,iface, optionally followed by " nomatch")`)
 	}
 	v := fields[0]
 	addr := func(s string) (netip.Addr, error) {
@@ -308,24 +342,9 @@ func normalizeMember(typ policy.SetType, fam int, m string) (keys []string, noma
 		}
 		return []string{a.String()}, false, nil
 	case policy.SetHashNet:
-		var p netip.Prefix
-		if strings.Contains(v, "/") {
-			a, bits, _ := strings.Cut(v, "/")
-			ad, err := addr(a)
-			if err != nil {
-				return nil, false, err
-			}
-			n, err := strconv.Atoi(bits)
-			if err != nil || n < 0 || n > ad.BitLen() {
-				return nil, false, fmt.Errorf("prefix length %q is not 0-%d", bits, ad.BitLen())
-			}
-			p = netip.PrefixFrom(ad, n).Masked()
-		} else {
-			ad, err := addr(v)
-			if err != nil {
-				return nil, false, err
-			}
-			p = netip.PrefixFrom(ad, ad.BitLen())
+		p, err := prefix(v, addr)
+		if err != nil {
+			return nil, false, err
 		}
 		if p.Bits() == 0 {
 			if nomatch {
@@ -360,8 +379,59 @@ func normalizeMember(typ policy.SetType, fam int, m string) (keys []string, noma
 			return nil, false, fmt.Errorf("port %q is not a number 0-65535 (ranges are not accepted)", port)
 		}
 		return []string{ad.String() + "," + proto + ":" + strconv.Itoa(n)}, false, nil
+	case policy.SetHashNetIface:
+		// As `ipset save` prints it: a host address without its /32 or
+		// /128, a network masked; the interface as given ("physdev:" for a
+		// bridge port). A /0 is kept: the kernel holds it, if with at most
+		// 64 interfaces.
+		a, iface, ok := strings.Cut(v, ",")
+		if !ok {
+			return nil, false, errors.New("want address[/prefix],interface, e.g. 10.244.1.5,tab0123456789a")
+		}
+		if err := checkIface(strings.TrimPrefix(iface, "physdev:")); err != nil {
+			return nil, false, err
+		}
+		p, err := prefix(a, addr)
+		if err != nil {
+			return nil, false, err
+		}
+		if p.Bits() == p.Addr().BitLen() {
+			return []string{p.Addr().String() + "," + iface}, nomatch, nil
+		}
+		return []string{p.String() + "," + iface}, nomatch, nil
 	}
 	return nil, false, fmt.Errorf("unknown set type %q", typ)
+}
+
+// prefix parses an address or CIDR of the family addr accepts, masked; an
+// address is a host prefix.
+func prefix(v string, addr func(string) (netip.Addr, error)) (netip.Prefix, error) {
+	a, bits, isNet := strings.Cut(v, "/")
+	ad, err := addr(a)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	if !isNet {
+		return netip.PrefixFrom(ad, ad.BitLen()), nil
+	}
+	n, err := strconv.Atoi(bits)
+	if err != nil || n < 0 || n > ad.BitLen() {
+		return netip.Prefix{}, fmt.Errorf("prefix length %q is not 0-%d", bits, ad.BitLen())
+	}
+	return netip.PrefixFrom(ad, n).Masked(), nil
+}
+
+// checkIface checks an interface name as Linux accepts it: 1-15 bytes,
+// not "." or "..", no "/", ":" or whitespace (and no "," here, which
+// would split the member).
+func checkIface(name string) error {
+	if name == "" || len(name) > 15 || name == "." || name == ".." {
+		return fmt.Errorf("interface %q is not a name of 1-15 bytes", name)
+	}
+	if i := strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r == '/' || r == ':' || r == ',' || r > '~' }); i >= 0 {
+		return fmt.Errorf("interface %q contains %q", name, name[i])
+	}
+	return nil
 }
 
 func equalRules(a, b [][]string) bool {

@@ -45,6 +45,25 @@ func TestNormalizeMember(t *testing.T) {
 		{policy.SetHashIPPort, v4, "10.0.0.1,icmp:8", nil, false, "not tcp, udp or sctp"},
 		{policy.SetHashIPPort, v4, "10.0.0.1,tcp:80-90", nil, false, "ranges are not accepted"},
 		{policy.SetHashIPPort, v4, "10.0.0.1:80", nil, false, "want address,proto:port"},
+		// hash:net,iface as `ipset save` prints it (checked against the
+		// kernel by TestIfaceSetDispatch).
+		{policy.SetHashNetIface, v4, "10.244.1.5,tab0123456789a", []string{"10.244.1.5,tab0123456789a"}, false, ""},
+		{policy.SetHashNetIface, v4, "10.244.1.5/32,tabA", []string{"10.244.1.5,tabA"}, false, ""},
+		{policy.SetHashNetIface, v4, "10.244.1.5/24,tabA", []string{"10.244.1.0/24,tabA"}, false, ""},
+		{policy.SetHashNetIface, v4, "0.0.0.0/0,tabA", []string{"0.0.0.0/0,tabA"}, false, ""},
+		{policy.SetHashNetIface, v4, "10.1.0.0/16,eth0 nomatch", []string{"10.1.0.0/16,eth0"}, true, ""},
+		{policy.SetHashNetIface, v4, "10.1.0.0/16,physdev:eth0", []string{"10.1.0.0/16,physdev:eth0"}, false, ""},
+		{policy.SetHashNetIface, v6, "FD00::0:5,tabB", []string{"fd00::5,tabB"}, false, ""},
+		{policy.SetHashNetIface, v6, "fd00::5/128,tabB", []string{"fd00::5,tabB"}, false, ""},
+		{policy.SetHashNetIface, v6, "::/0,tabB", []string{"::/0,tabB"}, false, ""},
+		{policy.SetHashNetIface, v4, "10.244.1.5", nil, false, "want address[/prefix],interface"},
+		{policy.SetHashNetIface, v4, "10.244.1.5,", nil, false, "not a name of 1-15 bytes"},
+		{policy.SetHashNetIface, v4, "10.244.1.5,a-name-over-15-bytes", nil, false, "not a name of 1-15 bytes"},
+		{policy.SetHashNetIface, v4, "10.244.1.5,tab/x", nil, false, `contains '/'`},
+		{policy.SetHashNetIface, v4, "10.244.1.5,tab,x", nil, false, `contains ','`},
+		{policy.SetHashNetIface, v4, "fd00::5,tabA", nil, false, "not an inet address"},
+		{policy.SetHashNetIface, v6, "fd00::5/129,tabA", nil, false, "prefix length"},
+		{policy.SetHashNetIface, v4, "10.244.1.5,tabA match", nil, false, "want one"},
 	} {
 		got, nm, err := normalizeMember(c.typ, c.fam, c.in)
 		if c.err != "" {
@@ -73,9 +92,12 @@ func TestValidate(t *testing.T) {
 			Sets: []policy.Set{
 				{Name: "tabby-np-p4-a", Type: policy.SetHashIP, Family: policy.FamilyIPv4, Members: []string{"10.0.0.2", "10.0.0.1", "10.0.0.1/32"}},
 				{Name: "tabby-np-p6-a", Type: policy.SetHashIP, Family: policy.FamilyIPv6, Members: []string{"fd00::1"}},
+				{Name: "tabby-np-e4-a", Type: policy.SetHashNetIface, Family: policy.FamilyIPv4, Members: []string{"10.0.0.1,tab1", "10.0.0.2/32,tab2"}},
+				{Name: "tabby-np-q4-a", Type: policy.SetHashIPPort, Family: policy.FamilyIPv4, Members: []string{"10.0.0.1,tcp:80"}},
 			},
 			Chains: []policy.Chain{
-				{Name: "TABBY-NP-FORWARD", Family: policy.FamilyIPv4, Rules: rules("-m set --match-set tabby-np-p4-a src -j TABBY-NP-X", "-m set --match-set admin src -j ACCEPT")},
+				{Name: "TABBY-NP-FORWARD", Family: policy.FamilyIPv4, Rules: rules("-m set --match-set tabby-np-p4-a src -j TABBY-NP-X", "-m set --match-set admin src -j ACCEPT",
+					"-m set --match-set tabby-np-e4-a src,src -g TABBY-NP-X", "-p tcp -m set --match-set tabby-np-q4-a dst,dst -j ACCEPT")},
 				{Name: "TABBY-NP-X", Family: policy.FamilyIPv4},
 				{Name: "TABBY-NP-FORWARD", Family: policy.FamilyIPv6, Rules: rules("-m set --match-set tabby-np-p6-a src -g TABBY-NP-X")},
 				{Name: "TABBY-NP-X", Family: policy.FamilyIPv6},
@@ -89,6 +111,9 @@ func TestValidate(t *testing.T) {
 	}
 	if diff := cmp.Diff(map[string]bool{"10.0.0.1": false, "10.0.0.2": false}, d.sets["tabby-np-p4-a"].members); diff != "" {
 		t.Errorf("members (deduplicated, normalized): %s", diff)
+	}
+	if diff := cmp.Diff(map[string]bool{"10.0.0.1,tab1": false, "10.0.0.2,tab2": false}, d.sets["tabby-np-e4-a"].members); diff != "" {
+		t.Errorf("hash:net,iface members (normalized): %s", diff)
 	}
 	if got := d.fams[v6].jumps["FORWARD"]; len(got) != 1 || len(d.fams[v4].jumps["FORWARD"]) != 1 {
 		t.Errorf("the jump is not in both families: %v / %v", d.fams[v4].jumps, got)
@@ -123,6 +148,19 @@ func TestValidate(t *testing.T) {
 		{"routing chain", func(r *policy.Ruleset) { r.Chains[0].Rules = rules("-j TABBY-NAT-OUTGOING") }, "not a policy chain"},
 		{"missing set", func(r *policy.Ruleset) { r.Chains[0].Rules = rules("-m set --match-set tabby-np-gone src -j ACCEPT") }, "does not list"},
 		{"set of the other family", func(r *policy.Ruleset) { r.Chains[0].Rules = rules("-m set --match-set tabby-np-p6-a src -j ACCEPT") }, "of family inet6 in a inet rule"},
+		{"too few set flags", func(r *policy.Ruleset) {
+			r.Chains[0].Rules = rules("-m set --match-set tabby-np-e4-a src -g TABBY-NP-X")
+		},
+			"hash:net,iface set tabby-np-e4-a with 1 flag(s) \"src\": it has 2 dimensions and would never match"},
+		{"too few set flags for hash:ip,port", func(r *policy.Ruleset) { r.Chains[0].Rules = rules("-m set --match-set tabby-np-q4-a dst -j ACCEPT") },
+			"it has 2 dimensions"},
+		{"bad set flag", func(r *policy.Ruleset) {
+			r.Chains[0].Rules = rules("-m set --match-set tabby-np-e4-a src,in -j ACCEPT")
+		},
+			"want src or dst for each of its dimensions"},
+		{"no set flags", func(r *policy.Ruleset) { r.Chains[0].Rules = [][]string{{"-m", "set", "--match-set", "tabby-np-p4-a"}} },
+			"with 0 flag(s)"},
+		{"bad iface member", func(r *policy.Ruleset) { r.Sets[2].Members = []string{"10.0.0.1"} }, "member \"10.0.0.1\": want address[/prefix],interface"},
 		{"empty rule", func(r *policy.Ruleset) { r.Chains[0].Rules = [][]string{{}} }, "empty rule"},
 		{"empty argument", func(r *policy.Ruleset) { r.Chains[0].Rules = [][]string{{"-j", ""}} }, "argument 2 is empty"},
 		{"newline", func(r *policy.Ruleset) {
@@ -214,6 +252,9 @@ add tabby-np-n4-x 10.1.0.0/16 nomatch
 add tabby-np-n4-x 10.0.0.0/8
 create tabby-np-q6-x hash:ip,port family inet6 hashsize 64 maxelem 1048576 bucketsize 12 initval 0x3
 add tabby-np-q6-x fd00::1,tcp:80
+create tabby-np-e4-x hash:net,iface family inet hashsize 64 maxelem 1048576 bucketsize 12 initval 0x4
+add tabby-np-e4-x 10.244.1.5,tab0123456789a
+add tabby-np-e4-x 10.1.0.0/16,eth0 nomatch
 `
 	sets, err := parseIPSetSave(save)
 	if err != nil {
@@ -222,6 +263,7 @@ add tabby-np-q6-x fd00::1,tcp:80
 	want := map[string]*kernelSet{
 		"tabby-np-n4-x": {typ: policy.SetHashNet, family: "inet", members: map[string]bool{"10.1.0.0/16": true, "10.0.0.0/8": false}},
 		"tabby-np-q6-x": {typ: policy.SetHashIPPort, family: "inet6", members: map[string]bool{"fd00::1,tcp:80": false}},
+		"tabby-np-e4-x": {typ: policy.SetHashNetIface, family: "inet", members: map[string]bool{"10.244.1.5,tab0123456789a": false, "10.1.0.0/16,eth0": true}},
 	}
 	if diff := cmp.Diff(want, sets, cmp.AllowUnexported(kernelSet{})); diff != "" {
 		t.Errorf("parseIPSetSave (-want +got):\n%s", diff)

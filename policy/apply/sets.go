@@ -19,7 +19,11 @@ const maxElem = 1 << 20
 // syncSets creates missing sets and brings every set's members to what d
 // wants, in one `ipset -exist restore`: the additions of all sets first,
 // then the removals, so a pod moving from one set to another is in one of
-// them at every moment.
+// them at every moment. When chains are to be written too, the removals
+// are left out and returned (later): the caller runs them once the chains
+// are written, so a pod moving into a set that only the new chains name
+// stays in its old set, under its old rules, until those chains are in
+// place — never in neither.
 //
 // A set of ours with the wrong type or family (made by someone else, or by
 // hand) can be neither changed nor renamed while rules name it, so it is
@@ -28,7 +32,7 @@ const maxElem = 1 << 20
 // the temporary set, and the old set is destroyed once nothing names it
 // (doomed); the next pass (Apply runs it at once) creates the set under
 // its own name, rewrites the chains, and drops the temporary set.
-func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias map[string]string, doomed []string, err error) {
+func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias map[string]string, doomed []string, later string, err error) {
 	var head, adds, dels strings.Builder
 	next := map[string]*kernelSet{}
 	var created, updated, added, removed int
@@ -96,10 +100,14 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 			next[name] = k
 		}
 	}
-	batch := head.String() + adds.String() + dels.String()
+	batch := head.String() + adds.String()
+	later = dels.String()
+	if later != "" && len(alias) == 0 && !a.chainsChange(d) {
+		batch, later = batch+later, ""
+	}
 	if batch != "" {
 		if _, err := run(ctx, batch, a.ipset, "-exist", "restore"); err != nil {
-			return nil, nil, fmt.Errorf("updating the ipsets: %w", err)
+			return nil, nil, "", fmt.Errorf("updating the ipsets: %w", err)
 		}
 	}
 	a.sets = next
@@ -107,7 +115,18 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 	st.SetsUpdated += updated
 	st.MembersAdded += added
 	st.MembersRemoved += removed
-	return alias, doomed, nil
+	return alias, doomed, later, nil
+}
+
+// removeMembers runs the removals syncSets left for after the chains.
+func (a *Applier) removeMembers(ctx context.Context, dels string) error {
+	if dels == "" {
+		return nil
+	}
+	if _, err := run(ctx, dels, a.ipset, "-exist", "restore"); err != nil {
+		return fmt.Errorf("removing ipset members: %w", err)
+	}
+	return nil
 }
 
 func addLine(b *strings.Builder, set, member string, nomatch bool) {
