@@ -33,12 +33,19 @@ e2e: deps build controlplane
 
 ## bench: benchmarks against peers (see test/bench): ADD/DEL latency over 200
 ## interleaved iterations, then three bursts of 100 pods (1 to 2 minutes);
+## then NetworkPolicy: full sync of 1,000 policies over 5,000 pods, rule
+## count against policies and pods, 50 label flips end to end through
+## tabbyd's controller, iperf3 with and without policies (about 4 minutes);
 ## then route convergence, BGP sessions and tabbyd memory in labs of 10 and
 ## 30 nodes, full mesh against route reflectors (about 2 minutes)
 bench: deps build controlplane
 	export TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin; \
 	go test -count=1 -timeout 30m -run '^$$' -bench AddDel -benchtime 200x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench Burst -benchtime 3x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench NetpolFullSync -benchtime 3x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench NetpolRuleCount -benchtime 1x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench NetpolLabelFlip -benchtime 50x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench NetpolThroughput -benchtime 3x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench RouteConvergence -benchtime 1x ./test/labtest/
 
 ## lab: the main job (see README): a 3-node lab with pods, a connectivity
