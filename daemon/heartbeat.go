@@ -13,9 +13,10 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// Heartbeat timing: tabbyd renews its Lease every HeartbeatInterval while it
-// is ready; readers take it as lapsed HeartbeatDuration after the last
-// renewal (the scheduler extender then keeps new pods off the node).
+// Heartbeat timing: tabbyd renews its Lease as soon as it is ready and then
+// every HeartbeatInterval while it stays ready; readers take it as lapsed
+// HeartbeatDuration after the last renewal (the scheduler extender then
+// keeps new pods off the node).
 const (
 	HeartbeatInterval = 10 * time.Second
 	HeartbeatDuration = 40 * time.Second
@@ -36,9 +37,17 @@ func runHeartbeat(ctx context.Context, rc *rest.Config, namespace, node string, 
 	leases := cs.Leases(namespace)
 	name := HeartbeatLeaseName(node)
 	var lastErr string
+	var renewed time.Time
+	// Readiness is checked every second, so the first heartbeat goes out
+	// the moment tabbyd is ready (the extender places no pod on the node
+	// before it); after that the Lease is renewed every HeartbeatInterval.
 	beat := func() {
 		if err := ready(); err != nil {
-			return // not ready: let the Lease lapse
+			renewed = time.Time{} // not ready: let the Lease lapse
+			return
+		}
+		if !renewed.IsZero() && time.Since(renewed) < HeartbeatInterval {
+			return
 		}
 		err := renewLease(ctx, leases, name, node)
 		if err != nil && err.Error() != lastErr {
@@ -47,10 +56,12 @@ func runHeartbeat(ctx context.Context, rc *rest.Config, namespace, node string, 
 		lastErr = ""
 		if err != nil {
 			lastErr = err.Error()
+			return
 		}
+		renewed = time.Now()
 	}
 	beat()
-	t := time.NewTicker(HeartbeatInterval)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {

@@ -23,12 +23,7 @@ func TabbydURL(path string) string { return "http://" + tabbydEndpoint() + path 
 // tabbydClient is an HTTP client whose connections start inside the
 // named namespace (where a node's tabbyd serves on its loopback).
 func tabbydClient(nsName string, timeout time.Duration) *http.Client {
-	return &http.Client{Timeout: timeout, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, address string) (net.Conn, error) {
-			return dialInNetNS(ctx, nsName, network, address)
-		},
-		DisableKeepAlives: true,
-	}}
+	return nsHTTPClient(nsName, timeout)
 }
 
 // tabbydEndpoint is where a node's tabbyd serves health and status,

@@ -48,9 +48,11 @@ type controlPlane struct {
 }
 
 // startControlPlane makes the control-plane namespace on subnet 0 and starts
-// etcd, kube-apiserver, kube-scheduler and kube-controller-manager in it,
-// then installs tabby's CRDs, policies, namespace and RBAC, the default
-// IPPool, and the service-account tokens the nodes need.
+// etcd and kube-apiserver in it, installs tabby's CRDs, policies, namespace
+// and RBAC, starts tabby-scheduler-extender, kube-scheduler (with
+// SchedulerConfigFile, pointed at the extender) and kube-controller-manager
+// there, then creates the default IPPool and the service-account tokens the
+// nodes need.
 func startControlPlane(ctx context.Context, s *State, l Layout, o *Options) (*controlPlane, error) {
 	nsName := l.ControlPlaneNS()
 	if err := buildHost(s, l, nsName, "cp", 0, ControlPlaneAddr()); err != nil {
@@ -86,8 +88,27 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options) (*co
 	if err := cluster.ApplyManifests(ctx, c.RESTConfig(), filepath.Join(base, "namespace.yaml"), filepath.Join(base, "rbac.yaml")); err != nil {
 		return nil, fmt.Errorf("applying tabby's namespace and RBAC: %w", err)
 	}
-	o.progress("control plane: tabby's CRDs, admission policies, namespace and RBAC installed")
-	if _, err := c.StartScheduler(ctx, cluster.SchedulerOptions{}); err != nil {
+	// tabbyd renews its heartbeat Lease in tabby's namespace, and the
+	// extender filters out nodes without one: it must exist before either.
+	if cp.cs, err = kubernetes.NewForConfig(c.RESTConfig()); err != nil {
+		return nil, err
+	}
+	if _, err := cp.cs.CoreV1().Namespaces().Get(ctx, tabbyNamespace, metav1.GetOptions{}); err != nil {
+		return nil, fmt.Errorf("tabby's namespace %s after applying deploy/base/namespace.yaml: %w", tabbyNamespace, err)
+	}
+	o.progress("control plane: tabby's CRDs, admission policies, namespace %s and RBAC installed", tabbyNamespace)
+	url, err := startExtender(ctx, s, c, s.Binaries.Extender)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.update(func(s *State) { s.ControlPlane.Extender = url }); err != nil {
+		return nil, err
+	}
+	schedConfig, err := schedulerConfig(c.RepoRoot, url)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.StartScheduler(ctx, cluster.SchedulerOptions{Config: schedConfig}); err != nil {
 		return nil, err
 	}
 	if _, err := c.StartControllerManager(ctx, cluster.ControllerManagerOptions{}); err != nil {
@@ -96,10 +117,8 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options) (*co
 	if err := recordControlPlane(s, c, nsName); err != nil {
 		return nil, err
 	}
-	o.progress("control plane: kube-scheduler and kube-controller-manager (controllers %s) running", cluster.DefaultControllers)
-	if cp.cs, err = kubernetes.NewForConfig(c.RESTConfig()); err != nil {
-		return nil, err
-	}
+	o.progress("control plane: %s at %s, kube-scheduler with %s pointed at it, kube-controller-manager (controllers %s) running",
+		ExtenderName, url, SchedulerConfigFile, cluster.DefaultControllers)
 	if s.PodCIDR != "" {
 		if err := createPool(ctx, c.RESTConfig(), s.PodCIDR); err != nil {
 			return nil, err
@@ -127,6 +146,7 @@ func recordControlPlane(s *State, c *cluster.Cluster, nsName string) error {
 		}
 	}
 	return s.update(func(s *State) {
+		ext := s.ControlPlane.Extender
 		s.ControlPlane = ControlPlane{
 			NetNS:      nsName,
 			Address:    c.Address(),
@@ -134,6 +154,7 @@ func recordControlPlane(s *State, c *cluster.Cluster, nsName string) error {
 			Dir:        c.Dir,
 			CAFile:     c.CAFile,
 			Kubeconfig: filepath.Join(c.Dir, "admin.kubeconfig"),
+			Extender:   ext,
 			Procs:      procs,
 		}
 	})

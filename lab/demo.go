@@ -2,6 +2,8 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os/exec"
@@ -15,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -48,11 +51,15 @@ type DemoProbe struct {
 func (p DemoProbe) OK() bool { return p.TCP && p.ICMP }
 
 // Demo runs the lab's main job on a lab that is up: netexec pods on every
-// node (created, or kept from an earlier run), their addresses, a
+// node (created, or kept from an earlier run), their addresses and nodes,
+// how kube-scheduler placed them through tabby-scheduler-extender (with
+// one more pod placed by a pod-affinity rule only the extender decides), a
 // connectivity matrix of real probes from every pod to every pod (a TCP
 // connection answered by the server and a ping, both sent from inside the
-// source pod), each node's BGP peers, and how to use the lab. It returns
-// an error when a probe failed.
+// source pod), then the same matrix under a NetworkPolicy that lets only
+// the first pod reach the last one (on TCP), deleted again afterwards, each
+// node's BGP peers, and how to use the lab. It returns an error when a
+// probe did not go as expected.
 func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 	var pods []*corev1.Pod
 	defer func() { demoUsage(o.Out, s, pods) }()
@@ -80,8 +87,8 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 			}
 		}
 	}
-	fmt.Fprintf(o.Out, "\nPods: %d netexec servers (TCP and UDP %d) spread over %d nodes, placed by kube-scheduler and wired by the tabby CNI plugin\n",
-		len(names), DemoPort, len(s.Nodes))
+	fmt.Fprintf(o.Out, "\nPods: %d netexec servers (TCP and UDP %d) spread over %d nodes, placed by kube-scheduler with %s and wired by the tabby CNI plugin\n",
+		len(names), DemoPort, len(s.Nodes), ExtenderName)
 	pods, err = waitDemoPods(ctx, cs, names, o.Timeout)
 	if err != nil {
 		return err
@@ -92,44 +99,41 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 		fmt.Fprintf(tw, "default/%s\t%s\t%s\t%s\n", p.Name, p.Spec.NodeName, p.Status.PodIP, p.Annotations[AnnotationNetNS])
 	}
 	_ = tw.Flush()
+	placementErr := demoPlacement(ctx, cs, s, o, pods)
 
 	probes := demoMatrix(ctx, pods)
 	fmt.Fprintf(o.Out, "\nConnectivity, from each pod (rows) to each pod (columns): ok = TCP to its server and ping both answered\n")
-	tw = tabwriter.NewWriter(o.Out, 0, 0, 1, ' ', tabwriter.AlignRight)
-	fmt.Fprint(tw, "FROM \\ TO\t")
-	for _, p := range pods {
-		fmt.Fprintf(tw, "%s\t", p.Name)
-	}
-	fmt.Fprintln(tw)
+	printMatrix(o.Out, pods, func(i, j int) string {
+		pr := probes[i*len(pods)+j]
+		switch {
+		case pr.OK():
+			return "ok"
+		case pr.TCP:
+			return "NO PING"
+		case pr.ICMP:
+			return "NO TCP"
+		}
+		return "FAIL"
+	})
 	failed := 0
 	var failures []string
-	for i, from := range pods {
-		fmt.Fprintf(tw, "%s (%s)\t", from.Name, from.Spec.NodeName)
-		for j := range pods {
-			pr := probes[i*len(pods)+j]
-			cell := "ok"
-			switch {
-			case pr.OK():
-			case pr.TCP:
-				cell = "NO PING"
-			case pr.ICMP:
-				cell = "NO TCP"
-			default:
-				cell = "FAIL"
-			}
-			if !pr.OK() {
-				failed++
-				failures = append(failures, fmt.Sprintf("%s -> %s: %s %s", pr.From, pr.To, pr.TCPErr, pr.Error))
-			}
-			fmt.Fprintf(tw, "%s\t", cell)
+	for _, pr := range probes {
+		if !pr.OK() {
+			failed++
+			failures = append(failures, fmt.Sprintf("%s -> %s: %s %s", pr.From, pr.To, pr.TCPErr, pr.Error))
 		}
-		fmt.Fprintln(tw)
 	}
-	_ = tw.Flush()
 	fmt.Fprintf(o.Out, "%d of %d pod pairs reached each other (%d on the same node, %d across nodes)\n",
 		len(probes)-failed, len(probes), sameNodePairs(pods), len(probes)-sameNodePairs(pods))
 	for _, f := range failures {
 		fmt.Fprintf(o.Out, "  %s\n", f)
+	}
+
+	var policyErr error
+	if failed == 0 {
+		policyErr = demoPolicy(ctx, cs, o, pods)
+	} else {
+		fmt.Fprintf(o.Out, "\n(no NetworkPolicy demonstration: the pods do not all reach each other without one)\n")
 	}
 
 	fmt.Fprintf(o.Out, "\nBGP peers of each node (tabbyctl node status, inside the node)\n")
@@ -145,10 +149,31 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 			n.Name, n.Address, bs.AS, rt.Programmed, rt.Learned, rt.Blackholes)
 		bs.PrintPeers(o.Out, "  ")
 	}
+	var errs []error
 	if failed > 0 {
-		return fmt.Errorf("%d of %d probes failed: see tabbyctl lab status and the logs in %s", failed, len(probes), s.Dir)
+		errs = append(errs, fmt.Errorf("%d of %d probes failed: see tabbyctl lab status and the logs in %s", failed, len(probes), s.Dir))
 	}
-	return nil
+	errs = append(errs, placementErr, policyErr)
+	return errors.Join(errs...)
+}
+
+// printMatrix writes a matrix of pods (rows: from, columns: to) whose
+// cells cell gives.
+func printMatrix(w io.Writer, pods []*corev1.Pod, cell func(from, to int) string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "FROM \\ TO\t")
+	for _, p := range pods {
+		fmt.Fprintf(tw, "%s\t", p.Name)
+	}
+	fmt.Fprintln(tw)
+	for i, from := range pods {
+		fmt.Fprintf(tw, "%s (%s)\t", from.Name, from.Spec.NodeName)
+		for j := range pods {
+			fmt.Fprintf(tw, "%s\t", cell(i, j))
+		}
+		fmt.Fprintln(tw)
+	}
+	_ = tw.Flush()
 }
 
 func sameNodePairs(pods []*corev1.Pod) int {
@@ -163,10 +188,24 @@ func sameNodePairs(pods []*corev1.Pod) int {
 	return n
 }
 
-// createDemoPod creates a netexec pod on node, unless it exists.
+// Labels of the demo's pods: every one has app=lab-demo and pod=<its name>
+// (what the demo's NetworkPolicy selects).
+const (
+	demoAppLabel = "app"
+	demoApp      = "lab-demo"
+	demoPodLabel = "pod"
+)
+
+func demoLabels(name string) map[string]string {
+	return map[string]string{demoAppLabel: demoApp, demoPodLabel: name}
+}
+
+// createDemoPod creates a netexec pod on node (by its hostname label: the
+// scheduler places it), unless it exists; one kept from an earlier demo
+// gets the labels it lacks.
 func createDemoPod(ctx context.Context, cs kubernetes.Interface, s *State, name, node string) error {
 	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: map[string]string{"app": "lab-demo"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: demoLabels(name)},
 		Spec: corev1.PodSpec{
 			NodeSelector: map[string]string{corev1.LabelHostname: node},
 			Containers: []corev1.Container{{
@@ -181,9 +220,18 @@ func createDemoPod(ctx context.Context, cs kubernetes.Interface, s *State, name,
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
 		},
 	}
+	return createOrLabel(ctx, cs, p)
+}
+
+// createOrLabel creates the pod, or, when it exists, adds its labels.
+func createOrLabel(ctx context.Context, cs kubernetes.Interface, p *corev1.Pod) error {
 	_, err := cs.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating pod %s: %w", name, err)
+	if apierrors.IsAlreadyExists(err) {
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": p.Labels}})
+		_, err = cs.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("creating pod %s: %w", p.Name, err)
 	}
 	return nil
 }
@@ -296,6 +344,10 @@ func demoUsage(w io.Writer, s *State, pods []*corev1.Pod) {
 		labCmd + " exec " + from + " -- ping -c 3 " + target,
 		"# a node's BGP peers, as its tabbyd sees them",
 		"ip netns exec " + node.NetNS + " " + tabbyctl + " node status",
+		"# the demo's pods; kubectl apply a NetworkPolicy and every node's tabbyd enforces it",
+		kubectl + " get pods,networkpolicies -o wide -l " + demoAppLabel + "=" + demoApp,
+		"# what kube-scheduler asked tabby-scheduler-extender",
+		"ip netns exec " + s.ControlPlane.NetNS + " curl -s " + s.ControlPlane.Extender + "/metrics | grep ^tabby_scheduler_extender_requests_total",
 		"# make " + node.Name + " a route reflector (the others then peer only with it)",
 		kubectl + " label node " + node.Name + " tabby.io/route-reflector=true",
 		"# restart a tabbyd: pod traffic does not notice",

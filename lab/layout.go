@@ -8,9 +8,11 @@
 //     holding the gateway address of every subnet and no route out, so that
 //     no lab packet can leave the machine;
 //   - a control plane in tabby-<name>-cp on the underlay (etcd,
-//     kube-apiserver, kube-scheduler, kube-controller-manager without its
-//     node-lifecycle controller), with tabby's CRDs, admission policies,
-//     namespace and RBAC from deploy/, and a default IPPool;
+//     kube-apiserver, tabby-scheduler-extender on the namespace's loopback,
+//     kube-scheduler with deploy/scheduler/kube-scheduler-config.yaml
+//     pointed at it, kube-controller-manager without its node-lifecycle
+//     controller), with tabby's CRDs, admission policies, namespace and
+//     RBAC from deploy/, and a default IPPool;
 //   - per node a namespace tabby-<name>-nodeN with eth0 on the underlay, its
 //     CNI config written by the real `tabbyctl install-cni`, and two detached
 //     processes started with nsenter --net: tabbyd and the lab kubelet
@@ -109,8 +111,8 @@ func (l Layout) UnderlayNS() string { return l.Prefix() + "underlay" }
 // RouterNS joins the subnets; it has no route out of the lab.
 func (l Layout) RouterNS() string { return l.Prefix() + "router" }
 
-// ControlPlaneNS runs etcd, kube-apiserver, kube-scheduler and
-// kube-controller-manager.
+// ControlPlaneNS runs etcd, kube-apiserver, tabby-scheduler-extender,
+// kube-scheduler and kube-controller-manager.
 func (l Layout) ControlPlaneNS() string { return l.Prefix() + "cp" }
 
 // NodeNS is the namespace of node i (1-based).

@@ -66,6 +66,8 @@ type Binaries struct {
 	// install-cni.
 	Tabbyctl string `json:"tabbyctl"`
 	Tabbyd   string `json:"tabbyd"`
+	// Extender is tabby-scheduler-extender.
+	Extender string `json:"extender,omitempty"`
 	// PluginDir holds the tabby and tabby-ipam CNI plugins install-cni copies.
 	PluginDir string `json:"pluginDir"`
 	// ControlPlaneDir holds etcd, kube-apiserver, ..., kubectl.
@@ -87,7 +89,10 @@ type ControlPlane struct {
 	// lab's namespaces (the kubelets use it), and from the host through a
 	// dialer into NetNS (RESTConfig).
 	Kubeconfig string `json:"kubeconfig"`
-	Procs      []Proc `json:"procs"`
+	// Extender is tabby-scheduler-extender's URL inside NetNS (the
+	// urlPrefix kube-scheduler is configured with).
+	Extender string `json:"extender,omitempty"`
+	Procs    []Proc `json:"procs"`
 }
 
 // Forward is the host's loopback port forward to the API server.

@@ -28,11 +28,25 @@ type Report struct {
 	Kubeconfig   string       `json:"kubeconfig"`
 	Forward      ProcReport   `json:"forward"`
 	ControlPlane []ProcReport `json:"controlPlane"`
-	Nodes        []NodeReport `json:"nodes"`
-	Pods         []PodReport  `json:"pods"`
+	// Extender is the scheduler extender kube-scheduler asks (nil when
+	// the lab records none).
+	Extender *ExtenderReport `json:"extender,omitempty"`
+	Nodes    []NodeReport    `json:"nodes"`
+	Pods     []PodReport     `json:"pods"`
 	// APIError says why the API server could not be asked ("" when it
 	// answered).
 	APIError string `json:"apiError,omitempty"`
+}
+
+// ExtenderReport is tabby-scheduler-extender, asked from inside the
+// control plane's namespace.
+type ExtenderReport struct {
+	URL string `json:"url"`
+	// Healthz is "ok" or why /healthz failed.
+	Healthz string `json:"healthz"`
+	// Requests are the requests it answered with 200 by verb (filter,
+	// prioritize), from its /metrics.
+	Requests map[string]int `json:"requests,omitempty"`
 }
 
 // ProcReport is one process of the lab.
@@ -103,6 +117,18 @@ func Inspect(ctx context.Context, s *State) *Report {
 			} else {
 				r.Nodes[i].BGP = bs
 			}
+		})
+	}
+	if s.ControlPlane.Extender != "" {
+		r.Extender = &ExtenderReport{URL: s.ControlPlane.Extender, Healthz: "ok"}
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if err := ExtenderHealthz(rctx, s); err != nil {
+				r.Extender.Healthz = err.Error()
+				return
+			}
+			r.Extender.Requests, _ = ExtenderRequests(rctx, s)
 		})
 	}
 	wg.Wait()
@@ -186,6 +212,10 @@ func (r *Report) Print(w io.Writer) {
 		cp = append(cp, p.Name+" "+running(p))
 	}
 	fmt.Fprintf(w, "control plane: %s\n", strings.Join(cp, ", "))
+	if e := r.Extender; e != nil {
+		fmt.Fprintf(w, "scheduler extender: %s (kube-scheduler's urlPrefix), /healthz %s, %d filter and %d prioritize requests answered\n",
+			e.URL, oneLine(e.Healthz), e.Requests["filter"], e.Requests["prioritize"])
+	}
 	if r.APIError != "" {
 		fmt.Fprintf(w, "API server does not answer: %s\n", r.APIError)
 	}

@@ -30,7 +30,8 @@ type Options struct {
 	// Tabbyctl is the path of tabbyctl (it runs the kubelets, the forward,
 	// the container shims and install-cni); required.
 	Tabbyctl string
-	// BinDir holds tabbyd, tabby and tabby-ipam; required.
+	// BinDir holds tabbyd, tabby, tabby-ipam and tabby-scheduler-extender;
+	// required.
 	BinDir string
 	// ControlPlaneDir holds etcd, kube-apiserver, kube-scheduler,
 	// kube-controller-manager and kubectl ("": built by
@@ -47,8 +48,9 @@ type Options struct {
 	// TabbydAdmin runs tabbyd with the admin's token instead of the
 	// tabby-node service account's (to tell an RBAC gap from a bug).
 	TabbydAdmin bool
-	// ReadyTimeout bounds the wait for the nodes to be Ready and their
-	// tabbyd to answer /readyz (default 2 minutes).
+	// ReadyTimeout bounds the wait for the nodes to be Ready, their tabbyd
+	// to answer /readyz and the scheduler extender to pass every node
+	// (default 2 minutes).
 	ReadyTimeout time.Duration
 	// KeepOnFailure leaves a lab that failed to come up as it is, to look
 	// at; otherwise Up removes it before returning the error.
@@ -92,13 +94,14 @@ func (o *Options) defaults() error {
 	}
 	o.Dir = dir
 	if o.Tabbyctl == "" || o.BinDir == "" {
-		return errors.New("the lab needs the paths of tabbyctl and of the folder holding tabbyd, tabby and tabby-ipam")
+		return errors.New("the lab needs the paths of tabbyctl and of the folder holding tabbyd, tabby, tabby-ipam and tabby-scheduler-extender")
 	}
 	for what, path := range map[string]string{
 		"tabbyctl":   o.Tabbyctl,
 		"tabbyd":     filepath.Join(o.BinDir, "tabbyd"),
 		"tabby":      filepath.Join(o.BinDir, "tabby"),
 		"tabby-ipam": filepath.Join(o.BinDir, "tabby-ipam"),
+		ExtenderName: filepath.Join(o.BinDir, ExtenderName),
 	} {
 		if st, err := os.Stat(path); err != nil || st.Mode()&0o111 == 0 {
 			return fmt.Errorf("%s is missing or not executable at %s: run make build (or pass --bin-dir)", what, path)
@@ -107,14 +110,17 @@ func (o *Options) defaults() error {
 	if _, err := os.Stat(filepath.Join(o.RepoRoot, "deploy", "crds")); err != nil {
 		return fmt.Errorf("no tabby repository at %q (deploy/crds is applied from it): run from the repository or pass --repo", o.RepoRoot)
 	}
+	if _, err := os.Stat(filepath.Join(o.RepoRoot, SchedulerConfigFile)); err != nil {
+		return fmt.Errorf("the tabby repository at %q lacks %s (kube-scheduler runs with it): %w", o.RepoRoot, SchedulerConfigFile, err)
+	}
 	return nil
 }
 
 // Up starts a lab as Options say and returns its state once every node is
-// Ready and its tabbyd answers /readyz. Its processes outlive the caller;
-// Down removes everything. On failure the lab is removed (unless
-// KeepOnFailure) and the error says what went wrong with the end of the
-// log concerned.
+// Ready, its tabbyd answers /readyz and the scheduler extender passes it.
+// Its processes outlive the caller; Down removes everything. On failure
+// the lab is removed (unless KeepOnFailure) and the error says what went
+// wrong with the end of the log concerned.
 func Up(ctx context.Context, o Options) (st *State, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("the lab needs root (network namespaces, veth, a control plane): run it with sudo")
@@ -150,6 +156,7 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 		Binaries: Binaries{
 			Tabbyctl:  o.Tabbyctl,
 			Tabbyd:    filepath.Join(o.BinDir, "tabbyd"),
+			Extender:  filepath.Join(o.BinDir, ExtenderName),
 			PluginDir: o.BinDir,
 			RepoRoot:  o.RepoRoot,
 		},
@@ -212,6 +219,14 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 	if err := g.Wait(); err != nil {
 		return st, err
 	}
+	// kube-scheduler leaves a pod Pending when the extender filters out
+	// every node, and asks again only on some later change: wait until the
+	// extender has every node and its tabbyd's heartbeat Lease.
+	if err := waitExtenderAccepts(rctx, st); err != nil {
+		return st, fmt.Errorf("waiting for %s to pass every node: %w (its log: %s)", ExtenderName, err,
+			filepath.Join(st.ControlPlane.Dir, ExtenderName+".log"))
+	}
+	o.progress("%s passes every node (each node's tabbyd renews its heartbeat Lease %s/tabbyd-<node>)", ExtenderName, tabbyNamespace)
 	if err := st.update(func(s *State) { s.Ready = true }); err != nil {
 		return st, err
 	}

@@ -31,8 +31,9 @@ func newLabCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lab",
 		Short: "a Kubernetes cluster of network namespaces on this machine, running tabby (needs root)",
-		Long: `The lab runs a real control plane (etcd, kube-apiserver, kube-scheduler,
-kube-controller-manager) and N nodes on this machine, each node a network
+		Long: `The lab runs a real control plane (etcd, kube-apiserver, kube-scheduler
+with tabby-scheduler-extender, kube-controller-manager) and N nodes on this
+machine, each node a network
 namespace with tabbyd and a small lab kubelet that runs pods as network
 namespaces wired by tabby's CNI plugin. Everything lives in namespaces the
 lab creates (tabby-<name>-*); the host gets only a loopback port forward to
@@ -83,11 +84,14 @@ func labUpCommand(dir *string) *cobra.Command {
 		Use:   "up",
 		Short: "start a lab: control plane, underlay, nodes with tabbyd and the lab kubelet",
 		Long: `up builds the underlay (a bridge per subnet and a router without a route out),
-starts the control plane in its own namespace with tabby's CRDs, policies and
-RBAC from deploy/ and a default IPPool, and per node a namespace with eth0
-on the underlay, its CNI config written by tabbyctl install-cni, tabbyd and
-the lab kubelet. It returns when every node is Ready and its tabbyd answers
-/readyz; the processes keep running. Node i is nodei, at 10.77.0.(10+i)
+starts the control plane in its own namespace with tabby's CRDs, policies,
+namespace and RBAC from deploy/ and a default IPPool, tabby-scheduler-extender
+on that namespace's loopback (port 8888) and kube-scheduler with
+deploy/scheduler/kube-scheduler-config.yaml pointed at it, and per node a
+namespace with eth0 on the underlay, its CNI config written by tabbyctl
+install-cni, tabbyd and the lab kubelet. It returns when every node is Ready,
+its tabbyd answers /readyz and the extender passes it (it has seen the
+node's tabbyd heartbeat Lease); the processes keep running. Node i is nodei, at 10.77.0.(10+i)
 (with --subnets 2, even nodes are on 10.78.0.0/24 behind the router).
 
 The control-plane binaries come from --controlplane-dir ($` + cluster.EnvControlPlaneDir + `),
@@ -143,9 +147,9 @@ func addUpFlags(cmd *cobra.Command, o *lab.Options, repo *string) {
 	f.IntVar(&o.Subnets, "subnets", 1, "1: one bridge; 2: two bridges joined by a router (CrossSubnet is real)")
 	f.StringVar(&o.Name, "name", lab.DefaultName, "the lab's name: its namespaces are tabby-NAME-* (labs with other names and --dir run side by side)")
 	f.StringVar(&o.PodCIDR, "pod-cidr", lab.DefaultPodCIDR, `the default IPPool's range ("" for no pool)`)
-	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabbyd, tabby and tabby-ipam (default: tabbyctl's own folder)")
+	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabbyd, tabby, tabby-ipam and tabby-scheduler-extender (default: tabbyctl's own folder)")
 	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ... (default $"+cluster.EnvControlPlaneDir+", else built)")
-	f.StringVar(repo, "repo", "", "the tabby repository (deploy/ is applied from it; default: found above the working directory or tabbyctl)")
+	f.StringVar(repo, "repo", "", "the tabby repository (deploy/ is applied and kube-scheduler configured from it; default: found above the working directory or tabbyctl)")
 	f.IntVar(&o.APIPort, "api-port", 0, "host loopback port of the API server forward (default: a free one)")
 	f.StringArrayVar(&o.TabbydArgs, "tabbyd-arg", nil, "a flag added to every tabbyd's (repeat it)")
 	f.BoolVar(&o.TabbydAdmin, "tabbyd-admin", false, "run tabbyd with the admin's token instead of the tabby-node service account's")
@@ -171,7 +175,7 @@ func labStatusCommand(dir *string) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "the lab's nodes, addresses, processes, tabbyd readiness and pods",
+		Short: "the lab's nodes, addresses, processes, scheduler extender, tabbyd readiness and pods",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := lab.Load(*dir)

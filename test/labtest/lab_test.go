@@ -140,6 +140,12 @@ func TestLab(t *testing.T) {
 	for i := range 4 {
 		pods = append(pods, Sleeper(fmt.Sprintf("spread-%d", i), ""))
 	}
+	// The lab's own readiness check asks the extender to filter; only
+	// kube-scheduler asks it to prioritize.
+	before, err := lab.ExtenderRequests(ctx, st)
+	if err != nil {
+		t.Fatalf("the extender's metrics: %v", err)
+	}
 	start := time.Now()
 	l.Create(t, pods...)
 
@@ -170,6 +176,44 @@ func TestLab(t *testing.T) {
 	if len(nodesUsed) < 2 {
 		t.Errorf("the scheduler put 4 unconstrained pods on %v only", nodesUsed)
 	}
+	t.Run("scheduled through the extender", func(t *testing.T) {
+		after, err := lab.ExtenderRequests(ctx, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One filter request per pod placed (hostnet and the spread pods
+		// included), a prioritize request for each pod more than one node
+		// could take.
+		if after["filter"]-before["filter"] < len(pods) || after["prioritize"]-before["prioritize"] < 4 {
+			t.Errorf("extender requests %v before the pods, %v after: kube-scheduler did not ask it for each of %d pods", before, after, len(pods))
+		}
+		// kube-scheduler's own NodeAffinity is disabled: only the
+		// extender keeps a pod whose nodeSelector no node matches off
+		// every node.
+		nowhere := Sleeper("nowhere", "")
+		nowhere.Spec.NodeSelector = map[string]string{"lab.tabby.io/no-such-label": "x"}
+		l.Create(t, nowhere)
+		p := l.WaitPod(t, "nowhere", 30*time.Second, func(p *corev1.Pod) error {
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+					return nil
+				}
+			}
+			return fmt.Errorf("on node %q, conditions %+v", p.Spec.NodeName, p.Status.Conditions)
+		})
+		if p.Spec.NodeName != "" {
+			t.Errorf("pod nowhere was placed on %s", p.Spec.NodeName)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && !strings.Contains(c.Message, "3 node(s) didn't match Pod's node affinity/selector") {
+				t.Errorf("PodScheduled says %q, want the extender's node affinity reason for all 3 nodes", c.Message)
+			}
+		}
+		if err := l.CS.CoreV1().Pods("default").Delete(ctx, "nowhere", metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+	})
+
 	if IsReady(l.WaitPod(t, "unready", 5*time.Second, Running(false))) {
 		t.Errorf("a pod whose readiness probe fails is Ready")
 	}
@@ -245,7 +289,8 @@ func TestLab(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("lab status: %s", out)
 		}
-		for _, want := range []string{"node1", "node2", "node3", "default/srv1", srv.Status.PodIP} {
+		for _, want := range []string{"node1", "node2", "node3", "default/srv1", srv.Status.PodIP,
+			lab.ExtenderName + " running", "scheduler extender: http://127.0.0.1:8888 (kube-scheduler's urlPrefix), /healthz ok"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("lab status does not show %s:\n%s", want, out)
 			}
@@ -344,6 +389,54 @@ func TestLab(t *testing.T) {
 	}
 	t.Logf("lab down took %v", time.Since(start).Round(time.Millisecond))
 	checkNothingLeft(t, l, linksBefore)
+}
+
+// TestLabDemo runs tabbyctl lab demo (make lab's main job) in a lab of 2
+// nodes: its pods are placed through the extender (one by pod affinity),
+// reach each other, a NetworkPolicy lets only web1-a reach web2-b (on TCP)
+// and the matrix shows exactly that, and once the policy is deleted every
+// pair is open again. The demo fails itself when any of that is not so.
+func TestLabDemo(t *testing.T) {
+	t.Parallel()
+	l := Up(t, "--nodes", "2")
+	start := time.Now()
+	out, code := l.Tabbyctl("demo")
+	t.Logf("lab demo took %v", time.Since(start).Round(time.Millisecond))
+	if code != 0 {
+		t.Fatalf("lab demo exited %d:\n%s", code, out)
+	}
+	for _, want := range []string{
+		"16 of 16 pod pairs reached each other (8 on the same node, 8 across nodes)",
+		"near-web2-b: required podAffinity to pod=web2-b (kubernetes.io/hostname) -> node2, as the rule says",
+		"NetworkPolicy default/web2-b-only-from-web1-a: only web1-a may reach web2-b, and only on TCP 8080",
+		"as the policy says: 2 pairs denied, web1-a -> web2-b TCP only, every other pair open",
+		"NetworkPolicy default/web2-b-only-from-web1-a deleted: 16 of 16 pairs reach each other again",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the demo's output lacks %q:\n%s", want, out)
+		}
+	}
+	// The matrix under the policy marks the denied pairs.
+	for _, row := range []string{"web1-b (node1)", "web2-a (node2)"} {
+		found := false
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, row) && strings.HasSuffix(strings.TrimSpace(line), "deny") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no matrix row %s ends in deny (its cell to web2-b):\n%s", row, out)
+		}
+	}
+	ctx := context.Background()
+	nps, err := l.CS.NetworkingV1().NetworkPolicies("default").List(ctx, metav1.ListOptions{})
+	if err != nil || len(nps.Items) != 0 {
+		t.Errorf("NetworkPolicies left by the demo: %v %v", nps, err)
+	}
+	near, err := l.CS.CoreV1().Pods("default").Get(ctx, "near-web2-b", metav1.GetOptions{})
+	if err != nil || near.Spec.NodeName != "node2" {
+		t.Errorf("near-web2-b: %v", err)
+	}
 }
 
 func mustConfig(t *testing.T, l *Lab) *rest.Config {

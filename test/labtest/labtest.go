@@ -42,14 +42,15 @@ import (
 	"github.com/tabbynet/tabby/test/cluster"
 )
 
-// EnvBinDir names a folder holding prebuilt tabbyctl, tabbyd, tabby and
-// tabby-ipam (`make build` puts them in ./bin); without it Setup builds
-// them.
+// EnvBinDir names a folder holding prebuilt tabbyctl, tabbyd, tabby,
+// tabby-ipam and tabby-scheduler-extender (`make build` puts them in
+// ./bin); without it Setup builds them.
 const EnvBinDir = "TABBY_BIN_DIR"
 
 // Binaries are what the labs run.
 var Binaries struct {
-	// Dir holds tabbyctl, tabbyd, tabby and tabby-ipam.
+	// Dir holds tabbyctl, tabbyd, tabby, tabby-ipam and
+	// tabby-scheduler-extender.
 	Dir string
 	// ControlPlane holds etcd, kube-apiserver, ..., kubectl.
 	ControlPlane string
@@ -84,7 +85,7 @@ func Setup(m *testing.M) int {
 		// Built into the repository's cache (ignored by git), where a
 		// test binary that dies leaves nothing in /tmp.
 		dir := filepath.Join(root, ".cache", "labtest-bin")
-		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/tabbyctl", "./cmd/tabbyd", "./cmd/tabby", "./cmd/tabby-ipam")
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/tabbyctl", "./cmd/tabbyd", "./cmd/tabby", "./cmd/tabby-ipam", "./cmd/tabby-scheduler-extender")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -92,7 +93,7 @@ func Setup(m *testing.M) int {
 		}
 		Binaries.Dir = dir
 	}
-	for _, b := range []string{"tabbyctl", "tabbyd", "tabby", "tabby-ipam"} {
+	for _, b := range []string{"tabbyctl", "tabbyd", "tabby", "tabby-ipam", lab.ExtenderName} {
 		if _, err := os.Stat(filepath.Join(Binaries.Dir, b)); err != nil {
 			return fail("$%s=%s lacks %s (run make build): %v", EnvBinDir, Binaries.Dir, b, err)
 		}
