@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/tools/cache"
 
@@ -28,36 +27,11 @@ func secretClient(ds *datastore.Client, namespace string) *SecretClient {
 		func() *corev1.Secret { return &corev1.Secret{} }, func() *corev1.SecretList { return &corev1.SecretList{} })
 }
 
-// lister is what the datastore's typed clients offer an informer.
-type lister[L runtime.Object] interface {
-	List(ctx context.Context, opts metav1.ListOptions) (L, error)
-	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
-}
-
 // watchAll is an informer over every object c lists; changed (may be nil)
 // filters updates: only those it calls a change call onChange.
-func watchAll[L runtime.Object](example runtime.Object, c lister[L], onChange func(), changed func(old, new any) bool) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return c.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return c.Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
-		Indexers:          cache.Indexers{},
-		ObjectDescription: fmt.Sprintf("%T", example),
-	})
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { onChange() },
-		UpdateFunc: func(old, new any) {
-			if changed == nil || changed(old, new) {
-				onChange()
-			}
-		},
-		DeleteFunc: func(any) { onChange() },
-	})
+func watchAll[L runtime.Object](example runtime.Object, c datastore.ListWatcher[L], onChange func(), changed func(old, new any) bool) cache.SharedIndexInformer {
+	inf := datastore.NewInformer(example, c, nil, nil)
+	datastore.OnChange(inf, onChange, changed)
 	return inf
 }
 

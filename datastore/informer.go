@@ -40,3 +40,40 @@ func NewInformer[L runtime.Object](example runtime.Object, c ListWatcher[L], res
 		ObjectDescription: fmt.Sprintf("%T", example),
 	})
 }
+
+// OnChange calls onChange on every add and delete of inf's objects, and on
+// the updates changed (nil: all) calls a change: the "something changed,
+// sync again" of a level-triggered loop.
+func OnChange(inf cache.SharedIndexInformer, onChange func(), changed func(old, new any) bool) {
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { onChange() },
+		UpdateFunc: func(old, new any) {
+			if changed == nil || changed(old, new) {
+				onChange()
+			}
+		},
+		DeleteFunc: func(any) { onChange() },
+	})
+}
+
+// StripManagedFields is an informer transform that drops the managed
+// fields, which nothing reads, from the cache.
+func StripManagedFields(o any) (any, error) {
+	if m, ok := o.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return o, nil
+}
+
+// StoreList lists an informer's objects of type T (the cache's own:
+// read-only).
+func StoreList[T any](inf cache.SharedIndexInformer) []*T {
+	objs := inf.GetStore().List()
+	out := make([]*T, 0, len(objs))
+	for _, o := range objs {
+		if v, ok := o.(*T); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}

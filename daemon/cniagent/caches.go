@@ -8,9 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -50,55 +48,29 @@ type Caches struct {
 func NewCaches(ds *datastore.Client, node string) *Caches {
 	c := &Caches{ds: ds, node: node, api: ipam.APISource(ds), podLookup: func(string) {}}
 	everything := func(*metav1.ListOptions) {}
-	c.pools = informer(&tabbyv1.IPPool{}, ds.IPPools, everything, nil)
-	c.blocks = informer(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, everything, cache.Indexers{byNode: func(obj any) ([]string, error) {
+	c.pools = datastore.NewInformer(&tabbyv1.IPPool{}, ds.IPPools, everything, nil)
+	c.blocks = datastore.NewInformer(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, everything, cache.Indexers{byNode: func(obj any) ([]string, error) {
 		b, ok := obj.(*tabbyv1.IPAMBlock)
 		if !ok {
 			return nil, nil
 		}
 		return []string{b.Labels[tabbyv1.LabelNode]}, nil
 	}})
-	c.configs = informer(&tabbyv1.IPAMConfiguration{}, ds.IPAMConfigurations, everything, nil)
-	c.nodes = informer(&corev1.Node{}, ds.Nodes, fieldIs("metadata.name", node), nil)
-	c.handles = informer(&tabbyv1.IPAMHandle{}, ds.IPAMHandles, func(o *metav1.ListOptions) {
+	c.configs = datastore.NewInformer(&tabbyv1.IPAMConfiguration{}, ds.IPAMConfigurations, everything, nil)
+	c.nodes = datastore.NewInformer(&corev1.Node{}, ds.Nodes, fieldIs("metadata.name", node), nil)
+	c.handles = datastore.NewInformer(&tabbyv1.IPAMHandle{}, ds.IPAMHandles, func(o *metav1.ListOptions) {
 		o.LabelSelector = tabbyv1.LabelNode + "=" + ipam.NodeLabelValue(node)
 	}, nil)
-	c.pods = informer(&corev1.Pod{}, ds.Pods(metav1.NamespaceAll), fieldIs("spec.nodeName", node), nil)
-	c.namespaces = informer(&corev1.Namespace{}, ds.Namespaces, everything, nil)
+	c.pods = datastore.NewInformer(&corev1.Pod{}, ds.Pods(metav1.NamespaceAll), fieldIs("spec.nodeName", node), nil)
+	c.namespaces = datastore.NewInformer(&corev1.Namespace{}, ds.Namespaces, everything, nil)
 	c.blockView = cache.NewIntegerResourceVersionMutationCache(klog.Background(), c.blocks.GetStore(), c.blocks.GetIndexer(), mutationTTL, true)
 	return c
-}
-
-// listWatcher is what the datastore's typed clients offer.
-type listWatcher[L runtime.Object] interface {
-	List(ctx context.Context, opts metav1.ListOptions) (L, error)
-	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
 // fieldIs restricts a list to the objects whose field has the value.
 func fieldIs(field, value string) func(*metav1.ListOptions) {
 	sel := fields.OneTermEqualSelector(field, value).String()
 	return func(o *metav1.ListOptions) { o.FieldSelector = sel }
-}
-
-func informer[L runtime.Object](example runtime.Object, c listWatcher[L], restrict func(*metav1.ListOptions), idx cache.Indexers) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			restrict(&o)
-			return c.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			restrict(&o)
-			return c.Watch(ctx, o)
-		},
-	}
-	if idx == nil {
-		idx = cache.Indexers{}
-	}
-	return cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
-		Indexers:          idx,
-		ObjectDescription: fmt.Sprintf("%T", example),
-	})
 }
 
 func (c *Caches) all() []cache.SharedIndexInformer {

@@ -34,7 +34,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 
@@ -82,12 +81,6 @@ type Applier interface {
 	CheckJumps(ctx context.Context) (int, error)
 }
 
-// ListWatcher is what the datastore's typed clients offer an informer.
-type ListWatcher[L runtime.Object] interface {
-	List(ctx context.Context, opts metav1.ListOptions) (L, error)
-	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
-}
-
 // Config configures the controller.
 type Config struct {
 	// Node is this node's name: its pods get chains.
@@ -96,7 +89,7 @@ type Config struct {
 	DS *datastore.Client
 	// Policies reads the NetworkPolicies of every namespace
 	// (NewPolicyClient).
-	Policies ListWatcher[*networkingv1.NetworkPolicyList]
+	Policies datastore.ListWatcher[*networkingv1.NetworkPolicyList]
 	Compile  Compiler
 	Applier  Applier
 	// DenyUnlisted drops the traffic of host veths that no pod the
@@ -198,34 +191,10 @@ func New(cfg Config) (*Controller, error) {
 // informer watches every object c lists; changed (may be nil) filters
 // updates: only those it calls a change mark the loop dirty. Managed
 // fields are dropped from the cache.
-func informer[L runtime.Object](example runtime.Object, c ListWatcher[L], onChange func(), changed func(old, new any) bool) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return c.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return c.Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
-		Indexers:          cache.Indexers{},
-		ObjectDescription: fmt.Sprintf("%T", example),
-	})
-	_ = inf.SetTransform(func(o any) (any, error) {
-		if m, ok := o.(metav1.Object); ok {
-			m.SetManagedFields(nil)
-		}
-		return o, nil
-	})
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { onChange() },
-		UpdateFunc: func(old, new any) {
-			if changed == nil || changed(old, new) {
-				onChange()
-			}
-		},
-		DeleteFunc: func(any) { onChange() },
-	})
+func informer[L runtime.Object](example runtime.Object, c datastore.ListWatcher[L], onChange func(), changed func(old, new any) bool) cache.SharedIndexInformer {
+	inf := datastore.NewInformer(example, c, nil, nil)
+	_ = inf.SetTransform(datastore.StripManagedFields)
+	datastore.OnChange(inf, onChange, changed)
 	return inf
 }
 
@@ -338,22 +307,10 @@ func (c *Controller) checkJumps(ctx context.Context) {
 
 // Input is the compiler's input from the informers' current state.
 func (c *Controller) Input() *policy.Input {
-	in := BuildInput(c.cfg.Node, storeList[corev1.Pod](c.pods), storeList[corev1.Namespace](c.namespaces),
-		storeList[networkingv1.NetworkPolicy](c.policies), storeList[tabbyv1.IPAMBlock](c.blocks))
+	in := BuildInput(c.cfg.Node, datastore.StoreList[corev1.Pod](c.pods), datastore.StoreList[corev1.Namespace](c.namespaces),
+		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), datastore.StoreList[tabbyv1.IPAMBlock](c.blocks))
 	in.DenyUnlisted = c.cfg.DenyUnlisted
 	return in
-}
-
-// storeList lists an informer's objects (the cache's own, read-only).
-func storeList[T any](inf cache.SharedIndexInformer) []*T {
-	objs := inf.GetStore().List()
-	out := make([]*T, 0, len(objs))
-	for _, o := range objs {
-		if v, ok := o.(*T); ok {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // sync compiles and applies everything once.

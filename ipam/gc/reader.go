@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
@@ -80,24 +79,8 @@ type informers struct {
 	blocks, affinities, handles, pools, nodes, pods cache.SharedIndexInformer
 }
 
-type lister[L runtime.Object] interface {
-	List(ctx context.Context, opts metav1.ListOptions) (L, error)
-	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
-}
-
-func informer[L runtime.Object](example runtime.Object, c lister[L], transform cache.TransformFunc) cache.SharedIndexInformer {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return c.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return c.Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformerWithOptions(lw, example, cache.SharedIndexInformerOptions{
-		Indexers:          cache.Indexers{},
-		ObjectDescription: fmt.Sprintf("%T", example),
-	})
+func informer[L runtime.Object](example runtime.Object, c datastore.ListWatcher[L], transform cache.TransformFunc) cache.SharedIndexInformer {
+	inf := datastore.NewInformer(example, c, nil, nil)
 	if transform != nil {
 		_ = inf.SetTransform(transform)
 	}
@@ -158,30 +141,19 @@ func (c *informers) run(ctx context.Context) error {
 	return nil
 }
 
-func storeList[T any](inf cache.SharedIndexInformer) []*T {
-	objs := inf.GetStore().List()
-	out := make([]*T, 0, len(objs))
-	for _, o := range objs {
-		if v, ok := o.(*T); ok {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 func (c *informers) snapshot(context.Context) (*Snapshot, error) {
 	s := &Snapshot{
-		Blocks:     storeList[tabbyv1.IPAMBlock](c.blocks),
-		Affinities: storeList[tabbyv1.BlockAffinity](c.affinities),
-		Handles:    storeList[tabbyv1.IPAMHandle](c.handles),
-		Pools:      storeList[tabbyv1.IPPool](c.pools),
+		Blocks:     datastore.StoreList[tabbyv1.IPAMBlock](c.blocks),
+		Affinities: datastore.StoreList[tabbyv1.BlockAffinity](c.affinities),
+		Handles:    datastore.StoreList[tabbyv1.IPAMHandle](c.handles),
+		Pools:      datastore.StoreList[tabbyv1.IPPool](c.pools),
 		Pods:       map[PodKey]*corev1.Pod{},
 		Nodes:      map[string]bool{},
 	}
-	for _, n := range storeList[corev1.Node](c.nodes) {
+	for _, n := range datastore.StoreList[corev1.Node](c.nodes) {
 		s.Nodes[n.Name] = true
 	}
-	for _, p := range storeList[corev1.Pod](c.pods) {
+	for _, p := range datastore.StoreList[corev1.Pod](c.pods) {
 		s.Pods[PodKey{p.Namespace, p.Name}] = p
 	}
 	return s, nil
