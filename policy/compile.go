@@ -108,6 +108,7 @@ type namedEntry struct {
 	ranks []int
 	proto string // tcp, udp, sctp
 	port  int32
+	local bool // of a local endpoint
 }
 
 func (c *compiler) problem(kind, ns, name, msg string) {
@@ -291,7 +292,7 @@ func (c *compiler) loadEndpoints() {
 					continue
 				}
 				seen[p.Name+"/"+proto] = true
-				c.named[p.Name] = append(c.named[p.Name], namedEntry{ranks: ep.ranks, proto: proto, port: p.ContainerPort})
+				c.named[p.Name] = append(c.named[p.Name], namedEntry{ranks: ep.ranks, local: ep.local, proto: proto, port: p.ContainerPort})
 			}
 		}
 		for _, ct := range ep.pod.Spec.Containers {

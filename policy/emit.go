@@ -253,7 +253,7 @@ func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
 		if len(peers) == 0 {
 			continue // every peer is of the other family
 		}
-		for _, pm := range c.portMatches(r, fam) {
+		for _, pm := range c.portMatches(r, fam, dir == "src") {
 			for _, pe := range peers {
 				out = append(out, cat(pm, pe, markRule))
 			}
@@ -263,7 +263,9 @@ func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
 }
 
 // portMatches are the alternatives of a rule's ports: {nil} for any port.
-func (c *compiler) portMatches(r *crule, fam int) [][]string {
+// ingress says the rule is an ingress rule, whose destination is always a
+// local pod (named ports resolve against the local pods' alone).
+func (c *compiler) portMatches(r *crule, fam int, ingress bool) [][]string {
 	if r.allPorts {
 		return [][]string{nil}
 	}
@@ -292,7 +294,7 @@ func (c *compiler) portMatches(r *crule, fam int) [][]string {
 		out = append(out, portRanges(proto, mergeRanges(ranges))...)
 		slices.Sort(names)
 		for _, n := range slices.Compact(names) {
-			out = append(out, []string{"-p", proto, "-m", "set", "--match-set", c.namedSet(n, fam), "dst,dst"})
+			out = append(out, []string{"-p", proto, "-m", "set", "--match-set", c.namedSet(n, fam, ingress), "dst,dst"})
 		}
 	}
 	return out
@@ -486,13 +488,27 @@ func (c *compiler) addIfaceSet(name string, fam int, eps []*endpoint) {
 	c.sets[name] = &Set{Name: name, Type: SetHashNetIface, Family: families[fam], Members: m}
 }
 
-// namedSet names the hash:ip,port set of every pod's address and port of
-// one port name (all protocols: the rule's -p picks one).
-func (c *compiler) namedSet(port string, fam int) string {
-	name := setName(setKindNamed, fam, port)
+// namedSet names the hash:ip,port set of the addresses and ports of one
+// port name (all protocols: the rule's -p picks one) in one family. An
+// egress rule's destination may be any pod: its set holds every pod's
+// entries (setKindNamed). An ingress rule only ever sees a packet out to a
+// local pod's veth with that pod's address (TABBY-NP-TO-POD dispatches by
+// address and veth), so its set holds the local pods' entries alone
+// (setKindLocal): a few per local pod rather than a few per pod of the
+// cluster, and pods elsewhere never change it. Each is made only when a
+// rule of its direction names the port.
+func (c *compiler) namedSet(port string, fam int, ingress bool) string {
+	kind := byte(setKindNamed)
+	if ingress {
+		kind = setKindLocal
+	}
+	name := setName(kind, fam, port)
 	if c.sets[name] == nil {
 		var m []string
 		for _, e := range c.named[port] {
+			if ingress && !e.local {
+				continue
+			}
 			suffix := "," + e.proto + ":" + strconv.Itoa(int(e.port))
 			for _, r := range e.ranks {
 				if c.addrFam[r] == fam {

@@ -37,7 +37,8 @@ func chainName(kind string, parts ...string) string {
 const (
 	setKindPods    = 'p' // hash:ip, pod IPs of a rule's selector peers
 	setKindNets    = 'n' // hash:net, a rule's ipBlocks
-	setKindNamed   = 'q' // hash:ip,port, the pods' ports of one name
+	setKindNamed   = 'q' // hash:ip,port, every pod's ports of one name (egress)
+	setKindLocal   = 'l' // hash:ip,port, the local pods' ports of one name (ingress)
 	setKindEgress  = 'e' // hash:net,iface, the local pods of one TABBY-NP-E- chain
 	setKindIngress = 'i' // hash:net,iface, the local pods of one TABBY-NP-I- chain
 	// 'u' is UnselectedSetName's: the local pods no policy selects.

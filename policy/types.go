@@ -217,9 +217,12 @@ type Endpoint struct {
 // "-m set --match-set tabby-np-n4-<h> src|dst" (the rule's ipBlocks, exact,
 // hash:net without nomatch). Port matches are "-p tcp", "-p tcp -m tcp
 // --dport 80[:90]", "-p tcp -m multiport --dports 80,81,90:95" and, for a
-// named port, "-p tcp -m set --match-set tabby-np-q4-<h> dst,dst" (hash:ip,port
-// of every pod's IP and port of that name). Sets are "…4-…" for IPv4 and
-// "…6-…" for IPv6.
+// named port, "-p tcp -m set --match-set tabby-np-q4-<h> dst,dst" in egress
+// (hash:ip,port of every pod's IP and port of that name: the destination
+// may be any pod) and "-p tcp -m set --match-set tabby-np-l4-<h> dst,dst" in
+// ingress (the same of the local pods only: an ingress chain only sees
+// packets to a local pod); each is there only when a rule of its direction
+// names the port. Sets are "…4-…" for IPv4 and "…6-…" for IPv6.
 type Ruleset struct {
 	// Sets are every ipset tabby wants, names starting with SetPrefix and at
 	// most 26 bytes long (the kernel allows 31, which leaves room for a
