@@ -22,6 +22,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tabbynet/tabby/scheduler-extender/plugins/network"
 	"github.com/tabbynet/tabby/test/cluster"
 )
 
@@ -196,11 +197,12 @@ func parseExtenderRequests(r io.Reader) (map[string]int, error) {
 	return out, sc.Err()
 }
 
-// waitExtenderAccepts waits until the extender passes every node of the
-// lab for a plain pod: its caches hold every Node and every node's tabbyd
-// heartbeat Lease (tabbyd renews it once ready, every 10 s), without
-// which it filters the node out and kube-scheduler would leave pods
-// Pending. It asks as kube-scheduler does (POST /filter, node names).
+// waitExtenderAccepts waits until the extender sees every node's tabbyd
+// heartbeat Lease (tabbyd renews it as soon as it is ready), without which
+// it filters the node out and kube-scheduler would leave pods Pending. It
+// asks as kube-scheduler does (POST /filter, node names) and looks only at
+// the tabbyd reasons: a lab without an IPPool fails every node for the
+// probe pod's address, which is not the node's readiness.
 func waitExtenderAccepts(ctx context.Context, s *State) error {
 	var names []string
 	for _, n := range s.Nodes {
@@ -240,11 +242,18 @@ func waitExtenderAccepts(ctx context.Context, s *State) error {
 		if res.NodeNames != nil && len(*res.NodeNames) == len(names) {
 			return nil
 		}
+		// Only tabbyd's heartbeat is the nodes' readiness: other reasons
+		// are the probe pod's (no IPPool yet in a lab made without one).
 		var why []string
 		for _, m := range []extenderv1.FailedNodesMap{res.FailedNodes, res.FailedAndUnresolvableNodes} {
 			for n, reason := range m {
-				why = append(why, n+": "+reason)
+				if reason == network.ReasonNoTabbyd || reason == network.ReasonTabbydNotReady {
+					why = append(why, n+": "+reason)
+				}
 			}
+		}
+		if len(why) == 0 {
+			return nil
 		}
 		sort.Strings(why)
 		return fmt.Errorf("the extender filters out %s", strings.Join(why, "; "))

@@ -29,6 +29,12 @@ import (
 // Name is the plugin's name.
 const Name = "TabbyNetwork"
 
+// Reasons a node fails for its tabbyd (the lab waits for them to go).
+const (
+	ReasonNoTabbyd       = "node(s) had no tabbyd running (no heartbeat Lease)"
+	ReasonTabbydNotReady = "node(s) had tabbyd not ready (its heartbeat Lease lapsed)"
+)
+
 // Scores of a node by where the pod's addresses would come from.
 const (
 	ScoreOwnBlock = framework.MaxNodeScore     // a free address in the node's own blocks
@@ -119,11 +125,23 @@ type request struct {
 	nodeBlocks map[string]int
 }
 
-// PreFilter implements framework.FilterPlugin.
+// PreFilter implements framework.FilterPlugin. A hostNetwork pod gets no
+// address from tabby and needs no tabbyd (tabbyd's own pods are such):
+// the plugin has nothing to say about it. When the pod's address request
+// cannot be met anywhere (no pool, a broken annotation), every node fails
+// with why, after its tabbyd's state.
 func (p *Plugin) PreFilter(_ context.Context, snap framework.Snapshot, pod *v1.Pod) (framework.NodeFilter, error) {
+	if pod.Spec.HostNetwork {
+		return nil, nil
+	}
 	r, err := p.prepare(snap, pod)
 	if err != nil {
-		return nil, err
+		return func(n *framework.NodeInfo) *framework.Status {
+			if st := r.heartbeat(n.Node); st != nil {
+				return st
+			}
+			return framework.Fail(framework.UnschedulableAndUnresolvable, "%s", err.Error())
+		}, nil
 	}
 	return func(n *framework.NodeInfo) *framework.Status { _, st := r.place(n.Node); return st }, nil
 }
@@ -131,6 +149,9 @@ func (p *Plugin) PreFilter(_ context.Context, snap framework.Snapshot, pod *v1.P
 // Score implements framework.ScorePlugin.
 func (p *Plugin) Score(_ context.Context, snap framework.Snapshot, pod *v1.Pod, nodes []*framework.NodeInfo) ([]int64, error) {
 	scores := make([]int64, len(nodes))
+	if pod.Spec.HostNetwork {
+		return scores, nil
+	}
 	r, err := p.prepare(snap, pod)
 	if err != nil {
 		return scores, nil // Filter reported it; every node scores the same
@@ -165,6 +186,7 @@ func (p *Plugin) prepare(snap framework.Snapshot, pod *v1.Pod) (*request, error)
 		ns = snap.Namespace(pod.Namespace)
 	}
 	r := &request{in: in, nodeBlocks: map[string]int{}}
+	// On an error r is still returned, for the heartbeats.
 	for _, b := range in.Blocks {
 		if b.Node != "" {
 			r.nodeBlocks[b.Node]++
@@ -175,7 +197,7 @@ func (p *Plugin) prepare(snap framework.Snapshot, pod *v1.Pod) (*request, error)
 	for f, key := range map[int]string{4: tabbyv1.AnnotationIPv4Pools, 6: tabbyv1.AnnotationIPv6Pools} {
 		names, ok, err := annotation(pod, ns, key, false)
 		if err != nil {
-			return nil, err
+			return r, err
 		}
 		if ok {
 			wanted[f], families[f] = names, true
@@ -184,14 +206,14 @@ func (p *Plugin) prepare(snap framework.Snapshot, pod *v1.Pod) (*request, error)
 	fixed := map[int][]netip.Addr{}
 	addrs, ok, err := annotation(pod, ns, tabbyv1.AnnotationIPAddrs, true)
 	if err != nil {
-		return nil, err
+		return r, err
 	}
 	if ok {
 		families = map[int]bool{}
 		for _, s := range addrs {
 			a, err := netip.ParseAddr(s)
 			if err != nil {
-				return nil, fmt.Errorf("tabby: pod %s/%s: annotation %s holds %q, which is not an IP address", pod.Namespace, pod.Name, tabbyv1.AnnotationIPAddrs, s)
+				return r, fmt.Errorf("tabby: pod %s/%s: annotation %s holds %q, which is not an IP address", pod.Namespace, pod.Name, tabbyv1.AnnotationIPAddrs, s)
 			}
 			f := 4
 			if a.Is6() && !a.Is4In6() {
@@ -216,7 +238,7 @@ func (p *Plugin) prepare(snap framework.Snapshot, pod *v1.Pod) (*request, error)
 		}
 		fs, err := r.familyState(f, wanted[f], fixed[f])
 		if err != nil {
-			return nil, err
+			return r, err
 		}
 		r.families = append(r.families, fs)
 	}
@@ -311,16 +333,25 @@ func (r *request) poolState(o *tabbyv1.IPPool) (*poolState, error) {
 	return ps, nil
 }
 
+// heartbeat says why a node's tabbyd keeps pods off it, nil when it does not.
+func (r *request) heartbeat(n *v1.Node) *framework.Status {
+	if r.in.Heartbeats == nil {
+		return nil
+	}
+	until, ok := r.in.Heartbeats[n.Name]
+	switch {
+	case !ok:
+		return framework.Fail(framework.UnschedulableAndUnresolvable, ReasonNoTabbyd)
+	case !r.in.Now.Before(until):
+		return framework.Fail(framework.UnschedulableAndUnresolvable, ReasonTabbydNotReady)
+	}
+	return nil
+}
+
 // place scores a node for the pod, or says why the pod cannot go there.
 func (r *request) place(n *v1.Node) (int64, *framework.Status) {
-	if r.in.Heartbeats != nil {
-		until, ok := r.in.Heartbeats[n.Name]
-		switch {
-		case !ok:
-			return 0, framework.Fail(framework.UnschedulableAndUnresolvable, "node(s) had no tabbyd running (no heartbeat Lease)")
-		case !r.in.Now.Before(until):
-			return 0, framework.Fail(framework.UnschedulableAndUnresolvable, "node(s) had tabbyd not ready (its heartbeat Lease lapsed)")
-		}
+	if st := r.heartbeat(n); st != nil {
+		return 0, st
 	}
 	score := framework.MaxNodeScore
 	for _, fs := range r.families {

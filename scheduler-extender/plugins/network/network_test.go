@@ -52,6 +52,10 @@ func outcome(t *testing.T, pl *Plugin, snap framework.Snapshot, pod *v1.Pod) []s
 	}
 	var out []string
 	for i, n := range ns {
+		if check == nil {
+			out = append(out, "pass")
+			continue
+		}
 		if st := check(n); st != nil {
 			code := "X"
 			if st.Code == framework.Unschedulable {
@@ -87,10 +91,10 @@ func TestPlace(t *testing.T) {
 			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `["rack2"]`}), []string{"X: node(s) had no tabby IPv4 pool", "claim", "X: node(s) had no tabby IPv4 pool"}},
 		{"a pool that does not exist fails every node with a clear error",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("default", "10.0.0.0/16", 26, nil)}, Config: defaults},
-			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `["nope"]`}), []string{`error: tabby: the pod asks for IPv4 pool "nope", which does not exist`}},
+			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `["nope"]`}), []string{`X: tabby: the pod asks for IPv4 pool "nope", which does not exist`, `X: tabby: the pod asks for IPv4 pool "nope", which does not exist`, `X: tabby: the pod asks for IPv4 pool "nope", which does not exist`}},
 		{"a broken annotation is an error",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("default", "10.0.0.0/16", 26, nil)}, Config: defaults},
-			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `rack2`}), []string{"error: tabby: pod default/p: annotation tabby.io/ipv4pools must be a JSON list"}},
+			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `rack2`}), []string{"X: tabby: pod default/p: annotation tabby.io/ipv4pools must be a JSON list", "X: tabby: pod default/p: annotation tabby.io/ipv4pools must be a JSON list", "X: tabby: pod default/p: annotation tabby.io/ipv4pools must be a JSON list"}},
 		{"all blocks claimed: own free, else borrow",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("small", "10.0.0.0/24", 26, nil)}, Blocks: full, Config: defaults},
 			podAnn(nil), []string{"borrow", "own", "borrow"}},
@@ -105,7 +109,7 @@ func TestPlace(t *testing.T) {
 			podAnn(nil), []string{"x: node(s) had no free tabby IPv4 address for the pod: their blocks in pool(s) small are full, the pools have no unclaimed block left, and no other node's block has a free address to borrow", "x: node(s)", "x: node(s)"}},
 		{"disabled pools are not used",
 			Inputs{Pools: []*tabbyv1.IPPool{func() *tabbyv1.IPPool { p := pool("off", "10.0.0.0/16", 26, nil); p.Spec.Disabled = true; return p }()}, Config: defaults},
-			podAnn(nil), []string{"error: tabby: there is no enabled IPv4 IPPool: create one"}},
+			podAnn(nil), []string{"X: tabby: there is no enabled IPv4 IPPool: create one", "X: tabby: there is no enabled IPv4 IPPool: create one", "X: tabby: there is no enabled IPv4 IPPool: create one"}},
 		{"exact addresses: only the pool holding them must admit the node",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("rack1", "10.0.0.0/16", 26, map[string]string{"rack": "1"})}, Blocks: []Block{block("10.0.0.0/26", "b", 0)}, Config: defaults},
 			podAnn(map[string]string{tabbyv1.AnnotationIPAddrs: `["10.0.0.7"]`}), []string{"own", "X: node(s) had no tabby IPv4 pool", "X: node(s) had no tabby IPv4 pool"}},
@@ -150,5 +154,26 @@ func TestBlockOf(t *testing.T) {
 	b.Spec.Deleted, b.Spec.Affinity = true, ""
 	if got, _ := BlockOf(b); got.Free != 0 || got.Node != "" {
 		t.Errorf("a deleted block without affinity: %+v", got)
+	}
+}
+
+// TestPodsWithoutAddressRequest: a hostNetwork pod (tabbyd's own, for one)
+// needs neither an address nor a tabbyd; a pod whose request cannot be met
+// anywhere still learns which nodes lack a tabbyd.
+func TestPodsWithoutAddressRequest(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	in := Inputs{Config: tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: 20}, Heartbeats: map[string]time.Time{"a": now.Add(time.Minute)}, Now: now}
+	pl := &Plugin{Inputs: func() *Inputs { return &in }}
+	host := podAnn(nil)
+	host.Spec.HostNetwork = true
+	if got := outcome(t, pl, framework.NewSnapshot(nil, nil, nil), host); got[0] != "pass" || got[1] != "pass" || got[2] != "pass" {
+		t.Errorf("a hostNetwork pod: %q, want every node to pass", got)
+	}
+	got := outcome(t, pl, framework.NewSnapshot(nil, nil, nil), podAnn(nil))
+	want := []string{"X: tabby: there is no enabled IPv4 IPPool", "X: " + ReasonNoTabbyd, "X: " + ReasonNoTabbyd}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("no pool at all, node %d: %q, want %q", i, got[i], want[i])
+		}
 	}
 }
