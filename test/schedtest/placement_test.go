@@ -238,6 +238,10 @@ func TestNetwork(t *testing.T) {
 	unschedulable(t, cs, ns, "rack1-on-n3", `node(s) had no tabby IPv4 pool the pod may use (pool rack1: its nodeSelector "rack=1" does not match)`)
 	pod(t, cs, ns, "on-n7", nil, nodeSelector(corev1.LabelHostname, "n7"))
 	unschedulable(t, cs, ns, "on-n7", "node(s) had no tabbyd running")
+	// A hostNetwork pod (tabbyd's own, for one) needs no tabbyd and no
+	// address: it may go there.
+	pod(t, cs, ns, "host-on-n7", nil, nodeSelector(corev1.LabelHostname, "n7"), func(p *corev1.Pod) { p.Spec.HostNetwork = true })
+	oneOf(t, "a hostNetwork pod on n7", bound(t, cs, ns, "host-on-n7"), "n7")
 	// Pods without constraints land anywhere but n6 (tainted) and n7.
 	for i := range 6 {
 		name := fmt.Sprintf("free-%d", i)
