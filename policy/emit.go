@@ -243,8 +243,8 @@ func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
 		if r.allPeers {
 			peers = [][]string{nil}
 		} else {
-			if r.podKey != "" {
-				peers = append(peers, []string{"-m", "set", "--match-set", c.podSet(r, fam), dir})
+			for i := range r.podGroups {
+				peers = append(peers, []string{"-m", "set", "--match-set", c.podSet(&r.podGroups[i], fam), dir})
 			}
 			if nets := c.ruleNets(r); len(nets[fam]) > 0 {
 				peers = append(peers, []string{"-m", "set", "--match-set", c.netSet(nets[fam], fam), dir})
@@ -362,16 +362,18 @@ func portRanges(proto string, ranges [][2]int32) [][]string {
 	return out
 }
 
-// podSet names the hash:ip set of a rule's selector peers in one family,
-// computing the members of both families the first time.
-func (c *compiler) podSet(r *crule, fam int) string {
-	ps := c.podSets[r.podKey]
+// podSet names the hash:ip set of one group of a rule's selector peers in
+// one family, computing the members of both families the first time. Sets
+// are keyed by the group's key, so every rule (of any policy, in any
+// namespace) with the same group shares one.
+func (c *compiler) podSet(g *podGroup, fam int) string {
+	ps := c.podSets[g.key]
 	if ps == nil {
 		ps = &podSet{}
-		c.podSets[r.podKey] = ps
-		members := c.podMembers(r.podPeers)
+		c.podSets[g.key] = ps
+		members := c.podMembers(g.peers)
 		for f := range families {
-			ps.names[f] = setName(setKindPods, f, r.podKey)
+			ps.names[f] = setName(setKindPods, f, g.key)
 			c.sets[ps.names[f]] = &Set{Name: ps.names[f], Type: SetHashIP, Family: families[f], Members: members[f]}
 		}
 	}

@@ -27,12 +27,24 @@ type cpolicy struct {
 // crule is one ingress or egress rule.
 type crule struct {
 	allPeers bool
-	podKey   string    // "" when the rule has no selector peers
-	podPeers []podPeer // sorted by key
-	blocks   []ipBlock
-	nets     *[2][]string // hash:net members per family, exact; computed when emitted
-	allPorts bool
-	ports    []portSpec
+	// podGroups are the rule's selector peers in at most two groups, each
+	// emitted as its own hash:ip set: first the peers in the policy's own
+	// namespace (podSelector alone), then the namespaceSelector peers. A
+	// group's key names its set, and namespaceSelector peers' keys do not
+	// mention the policy's namespace, so policies of every namespace with
+	// the same namespaceSelector peers share one set instead of each
+	// holding its own copy of the wide part.
+	podGroups []podGroup
+	blocks    []ipBlock
+	nets      *[2][]string // hash:net members per family, exact; computed when emitted
+	allPorts  bool
+	ports     []portSpec
+}
+
+// podGroup is a list of selector peers matched by one set.
+type podGroup struct {
+	key   string    // the peers' keys joined: what the set's name hashes
+	peers []podPeer // sorted by key
 }
 
 type podPeer struct {
@@ -165,6 +177,7 @@ func (c *compiler) checkRule(ns, path, peerField string, peers []networkingv1.Ne
 	cr := &crule{allPeers: len(peers) == 0, allPorts: len(ports) == 0}
 	var errs []string
 	seenPeer := map[string]bool{}
+	var podPeers []podPeer
 	for i, peer := range peers {
 		pp := fmt.Sprintf("%s.%s[%d]", path, peerField, i)
 		n := 0
@@ -216,7 +229,7 @@ func (c *compiler) checkRule(ns, path, peerField string, peers []networkingv1.Ne
 		}
 		if !seenPeer[x.key] {
 			seenPeer[x.key] = true
-			cr.podPeers = append(cr.podPeers, x)
+			podPeers = append(podPeers, x)
 		}
 	}
 	for i, port := range ports {
@@ -229,15 +242,34 @@ func (c *compiler) checkRule(ns, path, peerField string, peers []networkingv1.Ne
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	if len(cr.podPeers) > 0 {
-		slices.SortFunc(cr.podPeers, func(a, b podPeer) int { return strings.Compare(a.key, b.key) })
-		keys := make([]string, len(cr.podPeers))
-		for i, x := range cr.podPeers {
+	cr.podGroups = groupPeers(podPeers)
+	return cr, nil
+}
+
+// groupPeers sorts the peers by key and splits them into the same-namespace
+// group and the namespaceSelector group, leaving out an empty one.
+func groupPeers(peers []podPeer) []podGroup {
+	slices.SortFunc(peers, func(a, b podPeer) int { return strings.Compare(a.key, b.key) })
+	var local, wide []podPeer
+	for _, x := range peers {
+		if x.nsSel == nil {
+			local = append(local, x)
+		} else {
+			wide = append(wide, x)
+		}
+	}
+	var out []podGroup
+	for _, g := range [][]podPeer{local, wide} {
+		if len(g) == 0 {
+			continue
+		}
+		keys := make([]string, len(g))
+		for i, x := range g {
 			keys[i] = x.key
 		}
-		cr.podKey = strings.Join(keys, "\x01")
+		out = append(out, podGroup{key: strings.Join(keys, "\x01"), peers: g})
 	}
-	return cr, nil
+	return out
 }
 
 func checkIPBlock(path string, b *networkingv1.IPBlock) (ipBlock, []string) {

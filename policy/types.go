@@ -213,10 +213,17 @@ type Endpoint struct {
 //	TABBY-NP-PI-<h>  the same for ingress
 //
 // Peer matches are "-m set --match-set tabby-np-p4-<h> src|dst" (pod IPs of
-// the rule's pod/namespace selector peers, hash:ip) and
-// "-m set --match-set tabby-np-n4-<h> src|dst" (the rule's ipBlocks, exact,
-// hash:net without nomatch). Port matches are "-p tcp", "-p tcp -m tcp
-// --dport 80[:90]", "-p tcp -m multiport --dports 80,81,90:95" and, for a
+// selector peers, hash:ip) and "-m set --match-set tabby-np-n4-<h> src|dst"
+// (the rule's ipBlocks, exact, hash:net without nomatch); a rule allowing
+// several kinds of peer has one rule per kind. A rule's selector peers make
+// at most two p sets: one of its podSelector-only peers (pods of the
+// policy's namespace) and one of its namespaceSelector peers (with or
+// without a podSelector). The p set's <h> hashes the selectors it holds
+// (and, for the first kind, the namespace), so the namespaceSelector part
+// of rules with the same selectors in any number of policies and
+// namespaces is one set, not a copy of the wide part per namespace. Port
+// matches are "-p tcp", "-p tcp -m tcp --dport 80[:90]",
+// "-p tcp -m multiport --dports 80,81,90:95" and, for a
 // named port, "-p tcp -m set --match-set tabby-np-q4-<h> dst,dst" in egress
 // (hash:ip,port of every pod's IP and port of that name: the destination
 // may be any pod) and "-p tcp -m set --match-set tabby-np-l4-<h> dst,dst" in
@@ -228,7 +235,7 @@ type Ruleset struct {
 	// most 26 bytes long (the kernel allows 31, which leaves room for a
 	// temporary name to swap with), sorted by name. Every set a rule names
 	// is listed, possibly empty; a set's name depends only on what defines
-	// its members (the rule's selectors, its exact CIDRs, the port name,
+	// its members (the peer group's selectors, the exact CIDRs, the port name,
 	// the combination of policies of a dispatch set) and its family, so pod
 	// churn only changes members. The applier must create sets and add
 	// members before loading chains naming them, remove members only after
