@@ -30,9 +30,10 @@ import (
 func bigCluster() (*cache.Cache, *network.Inputs, []*v1.Node) {
 	c := cache.New()
 	in := &network.Inputs{
-		Pools:  []*tabbyv1.IPPool{{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.0.0.0/8"}}},
-		Config: tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: 20},
-		Now:    time.Now(),
+		Pools:   []*tabbyv1.IPPool{{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.0.0.0/8"}}},
+		Config:  tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: 20},
+		Now:     time.Now(),
+		Version: 1, // as the Watcher gives: one state, reused by every request
 	}
 	c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}})
 	var nodes []*v1.Node

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -78,6 +79,10 @@ type Inputs struct {
 	// means heartbeats are not checked.
 	Heartbeats map[string]time.Time
 	Now        time.Time
+	// Version, when not nil, names this state of pools, blocks and
+	// configuration: Inputs with the same Version hold the same ones, and
+	// what the plugin works out from them is reused. Nil: nothing is.
+	Version any
 }
 
 // Plugin is the TabbyNetwork filter and score.
@@ -87,6 +92,47 @@ type Plugin struct {
 	// Families the pod network gives every pod (the CNI config's ipv4/ipv6),
 	// unless a pod's pool annotations say otherwise; default IPv4 only.
 	Families []int
+
+	mu   sync.Mutex
+	last *index // of the last Inputs.Version seen
+}
+
+// index is what the plugin works out from one version of the pools and
+// blocks, whatever the pod: blocks per node and each pool's state.
+type index struct {
+	version    any
+	nodeBlocks map[string]int
+	pools      map[string]*poolState // by pool name
+	errs       map[string]error      // pools that cannot be used, by name
+}
+
+// indexOf works out the index of in, or reuses the last one.
+func (p *Plugin) indexOf(in *Inputs) *index {
+	if in.Version != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.last != nil && p.last.version == in.Version {
+			return p.last
+		}
+	}
+	x := &index{version: in.Version, nodeBlocks: map[string]int{}, pools: map[string]*poolState{}, errs: map[string]error{}}
+	for _, b := range in.Blocks {
+		if b.Node != "" {
+			x.nodeBlocks[b.Node]++
+		}
+	}
+	for _, o := range in.Pools {
+		ps, err := newPoolState(o, in.Blocks)
+		if err != nil {
+			x.errs[o.Name] = err
+			continue
+		}
+		x.pools[o.Name] = ps
+	}
+	if in.Version != nil {
+		p.last = x
+	}
+	return x
 }
 
 var (
@@ -121,6 +167,7 @@ type familyState struct {
 // request is what PreFilter works out once per pod.
 type request struct {
 	in         *Inputs
+	idx        *index
 	families   []*familyState
 	nodeBlocks map[string]int
 }
@@ -185,13 +232,9 @@ func (p *Plugin) prepare(snap framework.Snapshot, pod *v1.Pod) (*request, error)
 	if snap != nil {
 		ns = snap.Namespace(pod.Namespace)
 	}
-	r := &request{in: in, nodeBlocks: map[string]int{}}
+	idx := p.indexOf(in)
 	// On an error r is still returned, for the heartbeats.
-	for _, b := range in.Blocks {
-		if b.Node != "" {
-			r.nodeBlocks[b.Node]++
-		}
-	}
+	r := &request{in: in, idx: idx, nodeBlocks: idx.nodeBlocks}
 	wanted := map[int][]string{}
 	families := map[int]bool{}
 	for f, key := range map[int]string{4: tabbyv1.AnnotationIPv4Pools, 6: tabbyv1.AnnotationIPv6Pools} {
@@ -291,7 +334,7 @@ func (r *request) familyState(family int, names []string, fixed []netip.Addr) (*
 		}
 	}
 	for _, o := range chosen {
-		ps, err := r.poolState(o)
+		ps, err := r.idx.pools[o.Name], r.idx.errs[o.Name]
 		if err != nil {
 			return nil, err
 		}
@@ -300,7 +343,7 @@ func (r *request) familyState(family int, names []string, fixed []netip.Addr) (*
 	return fs, nil
 }
 
-func (r *request) poolState(o *tabbyv1.IPPool) (*poolState, error) {
+func newPoolState(o *tabbyv1.IPPool, blocks []Block) (*poolState, error) {
 	pfx, err := o.Prefix()
 	if err != nil {
 		return nil, fmt.Errorf("tabby: pool %s: %w", o.Name, err)
@@ -316,7 +359,7 @@ func (r *request) poolState(o *tabbyv1.IPPool) (*poolState, error) {
 		}
 	}
 	claimed := 0
-	for _, b := range r.in.Blocks {
+	for _, b := range blocks {
 		if !ps.prefix.Contains(b.CIDR.Addr()) {
 			continue
 		}

@@ -177,3 +177,24 @@ func TestPodsWithoutAddressRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestWatcherVersions: what the plugin works out from pools and blocks is
+// reused while the Watcher's state is the same, and redone when a block
+// changes.
+func TestWatcherVersions(t *testing.T) {
+	w := NewWatcher()
+	w.SetPool(pool("default", "10.0.0.0/24", 26, nil))
+	w.SetBlock(&tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "b1"}, Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.0.0.0/26", Affinity: "host:a", Unallocated: nil}})
+	pl := &Plugin{Inputs: w.Inputs}
+	snap := framework.NewSnapshot(nil, nil, nil)
+	if got := outcome(t, pl, snap, podAnn(nil)); got[0] != "claim" {
+		t.Fatalf("a's block is full: %q", got)
+	}
+	if v1, v2 := w.Inputs().Version, w.Inputs().Version; v1 != v2 {
+		t.Errorf("the same state got versions %v and %v", v1, v2)
+	}
+	w.SetBlock(&tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "b1"}, Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.0.0.0/26", Affinity: "host:a", Unallocated: []int{3}}})
+	if got := outcome(t, pl, snap, podAnn(nil)); got[0] != "own" {
+		t.Errorf("a's block has a free address now: %q", got)
+	}
+}

@@ -35,6 +35,7 @@ type Watcher struct {
 	config     *tabbyv1.IPAMConfigurationSpec
 	heartbeats map[string]time.Time
 	inputs     *Inputs // nil when something changed since it was made
+	version    uint64  // counts the Inputs made
 }
 
 // NewWatcher makes an empty Watcher; Start fills it.
@@ -189,7 +190,8 @@ func (w *Watcher) Inputs() *Inputs {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.inputs == nil {
-		in := &Inputs{Config: tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: tabbyv1.DefaultMaxBlocksPerHost}}
+		w.version++
+		in := &Inputs{Config: tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: tabbyv1.DefaultMaxBlocksPerHost}, Version: w.version}
 		if w.config != nil {
 			in.Config = *w.config
 		}

@@ -38,9 +38,9 @@ func (Plugin) PreFilter(_ context.Context, _ framework.Snapshot, pod *v1.Pod) (f
 	if len(pod.Spec.NodeSelector) == 0 && (a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil) {
 		return nil, nil
 	}
-	required := nodeaffinity.GetRequiredNodeAffinity(pod)
+	required := compileRequired(pod)
 	return func(n *framework.NodeInfo) *framework.Status {
-		if ok, _ := required.Match(n.Node); !ok {
+		if !required.match(n.Node) {
 			return framework.Fail(framework.UnschedulableAndUnresolvable, ErrReasonPod)
 		}
 		return nil
