@@ -194,7 +194,15 @@ func TestSpawnDetached(t *testing.T) {
 	if sid, _ := unix.Getsid(p.Pid()); sid != p.Pid() {
 		t.Errorf("session %d, want %d", sid, p.Pid())
 	}
-	env, _ := os.ReadFile("/proc/" + strconv.Itoa(p.Pid()) + "/environ")
+	// Until the child has exec'd, its environ is not yet its own (CI under
+	// load read it empty): wait for the exec.
+	var env []byte
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		env, _ = os.ReadFile("/proc/" + strconv.Itoa(p.Pid()) + "/environ")
+		if string(env) == "A=1\x00" || time.Now().After(deadline) {
+			break
+		}
+	}
 	if string(env) != "A=1\x00" {
 		t.Errorf("environment %q", env)
 	}
