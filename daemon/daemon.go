@@ -155,7 +155,17 @@ func Run(ctx context.Context, cfg Config) error {
 		_ = ln.Close()
 		return err
 	}
-	go runHeartbeat(ctx, rc, cfg.Namespace, cfg.NodeName, routes.Ready, cfg.Log)
+	// The heartbeat says what /readyz says (the API server's answer is
+	// the renewal itself): routes, and policies when enforced, programmed.
+	go runHeartbeat(ctx, rc, cfg.Namespace, cfg.NodeName, func() error {
+		if err := routes.Ready(); err != nil {
+			return err
+		}
+		if policies != nil {
+			return policies.Ready()
+		}
+		return nil
+	}, cfg.Log)
 	agentDone := make(chan struct{})
 	if cfg.CNISocket != "" {
 		// The agent paces itself (one assignment or release at a time on
