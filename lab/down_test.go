@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -62,11 +63,32 @@ func leftovers(t *testing.T) (*State, []Proc) {
 			t.Fatal(err)
 		}
 		procs = append(procs, p)
+		waitInNetNS(t, p.Pid, NetNSPath(ns))
 	}
 	if err := st.update(func(s *State) { s.Nodes = []Node{{Name: "node1", NetNS: node, Kubelet: procs[0]}} }); err != nil {
 		t.Fatal(err)
 	}
 	return st, procs
+}
+
+// waitInNetNS waits until the process runs in the namespace: nsenter
+// enters it a moment after it starts (under load, long enough for a scan
+// of /proc to miss it, as CI once saw).
+func waitInNetNS(t *testing.T, pid int, nsPath string) {
+	t.Helper()
+	want, err := os.Stat(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		got, err := os.Stat(fmt.Sprintf("/proc/%d/ns/net", pid))
+		if err == nil && os.SameFile(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d is not in %s after 10s", pid, nsPath)
+		}
+	}
 }
 
 // checkGone fails unless the lab's namespaces, processes and folder are
