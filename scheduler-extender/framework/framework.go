@@ -147,8 +147,9 @@ nodes:
 	return res
 }
 
-// Prioritize sums the plugins' weighted scores and scales the sum to the
-// extender's 0..10: a node scoring MaxNodeScore in every plugin gets 10.
+// Prioritize sums the plugins' weighted scores and scales each node's lead
+// over the lowest to the extender's 0..10: a node scoring MaxNodeScore in
+// every plugin where another scores 0 gets 10.
 // Registered in kube-scheduler with weight TotalWeight(), the extender then
 // adds to a node's score what the in-tree plugins with these weights would.
 func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) (extenderv1.HostPriorityList, error) {
@@ -169,10 +170,22 @@ func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Nod
 	}
 	out := make(extenderv1.HostPriorityList, len(nodes))
 	total := f.TotalWeight() * MaxNodeScore
+	// Only the differences between nodes rank them, so the lowest sum is
+	// taken off first: what every node scores alike (a plugin with nothing
+	// to say gives all nodes its maximum) would otherwise push near-equal
+	// nodes across a rounding step of 0..10, and one step, times the
+	// extender's weight, outweighs kube-scheduler's own small differences
+	// (resource spreading) at random.
+	low := int64(0)
+	for i, v := range sum {
+		if i == 0 || v < low {
+			low = v
+		}
+	}
 	for i, n := range nodes {
 		out[i].Host = n.Name
 		if total > 0 {
-			out[i].Score = int64(math.Round(float64(sum[i]) * float64(extenderv1.MaxExtenderPriority) / float64(total)))
+			out[i].Score = int64(math.Round(float64(sum[i]-low) * float64(extenderv1.MaxExtenderPriority) / float64(total)))
 		}
 	}
 	return out, nil

@@ -37,10 +37,16 @@ const (
 )
 
 // Scores of a node by where the pod's addresses would come from.
+//
+// Claiming a block is one write, once; borrowing costs a /32 route on
+// every node for as long as the pod lives. So borrowing is avoided
+// strongly, and claiming only as a tie-breaker: a stronger preference for
+// nodes with free addresses would pile unconstrained pods onto the nodes
+// that already have blocks, overriding kube-scheduler's resource spreading.
 const (
-	ScoreOwnBlock = framework.MaxNodeScore     // a free address in the node's own blocks
-	ScoreClaim    = framework.MaxNodeScore / 2 // the node would claim a new block
-	ScoreBorrow   = 0                          // the node would borrow from another node's block
+	ScoreOwnBlock = framework.MaxNodeScore          // a free address in the node's own blocks
+	ScoreClaim    = framework.MaxNodeScore * 9 / 10 // the node would claim a new block
+	ScoreBorrow   = 0                               // the node would borrow from another node's block
 )
 
 // Block is what the plugin needs of an IPAMBlock.
