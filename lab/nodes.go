@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -336,21 +334,7 @@ func waitNodeReady(ctx context.Context, cs kubernetes.Interface, n *Node) error 
 
 // tabbydReadyz asks node n's tabbyd for /readyz from inside the node.
 func tabbydReadyz(ctx context.Context, n *Node) error {
-	hc := TabbydClient(n, 3*time.Second)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, TabbydURL("/readyz"), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/readyz: %s: %s", resp.Status, strings.TrimSpace(string(body)))
-	}
-	return nil
+	return httpOK(ctx, TabbydClient(n, 3*time.Second), TabbydURL("/readyz"))
 }
 
 // stopError ends poll at once.
