@@ -40,7 +40,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -207,15 +206,9 @@ func (c *Cluster) findBinaries(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("finding the control-plane binaries: %w (or set $%s to a folder holding etcd and kube-apiserver)", err, EnvControlPlaneDir)
 		}
+		// Test packages start at the same time: build.sh lets one build
+		// while the others wait, then they find the binaries.
 		script := filepath.Join(root, "test", "controlplane", "build.sh")
-		// Test packages start at the same time and would each run a cold
-		// build into the same folder: one builds, the others wait and then
-		// find the binaries.
-		unlock, err := lockFile(filepath.Join(root, ".cache", "controlplane.lock"))
-		if err != nil {
-			return err
-		}
-		defer unlock()
 		cmd := exec.CommandContext(ctx, "bash", script)
 		var out bytes.Buffer
 		cmd.Stdout = &out
@@ -237,22 +230,6 @@ func (c *Cluster) findBinaries(ctx context.Context) error {
 	}
 	c.BinDir = dir
 	return nil
-}
-
-// lockFile takes an exclusive flock on path (created if needed).
-func lockFile(path string) (unlock func(), err error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil
 }
 
 // repoRoot returns the repository root, finding it on first use.
