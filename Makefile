@@ -10,10 +10,12 @@ GOTEST_FLAGS ?= -count=1 -timeout 30m
 
 all: build
 
-## build: compile tabby's programs into ./bin
+## build: compile tabby's programs into ./bin, with the reference CNI plugins
+## its image ships (loopback, portmap) from the module go.mod pins
 build:
 	@mkdir -p bin
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINS))
+	hack/build-cni-plugins.sh bin
 
 ## deps: install the Debian packages tests and the lab need (as root)
 deps:
@@ -58,7 +60,7 @@ bench: deps build controlplane
 lab: deps build controlplane
 	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) ./bin/tabbyctl lab demo --nodes 3
 
-GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*')
+GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*' -not -path './test/runtime/*')
 
 ## vet: gofmt, go vet, and the generated code and CRDs match api/
 vet: check-generated
