@@ -34,6 +34,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/cniagent"
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/datastore"
@@ -77,6 +78,9 @@ type Config struct {
 	// IPTablesBackend is "legacy" or "nft"; "" detects the one the node
 	// uses. Routing (NAT outgoing) and NetworkPolicy both use it.
 	IPTablesBackend iptbackend.Mode
+	// DefaultIPv4Pool, when set, is created as the IPPool DefaultPoolName
+	// if the cluster has no IPPool (DefaultPoolSpec makes it).
+	DefaultIPv4Pool *tabbyv1.IPPoolSpec
 	Log             *slog.Logger
 }
 
@@ -146,6 +150,9 @@ func Run(ctx context.Context, cfg Config) error {
 	} else {
 		backend = &b
 		cfg.Log.Info("iptables backend", "mode", b.Mode, "reason", b.Reason)
+	}
+	if cfg.DefaultIPv4Pool != nil {
+		go ensureDefaultPool(ctx, ds, *cfg.DefaultIPv4Pool, cfg.Log)
 	}
 	routes, routingDone := startRouting(ctx, cfg, ds, backend, reg, mux)
 	policies, policyDone, err := startPolicy(ctx, cfg, rc, ds, backend, reg)

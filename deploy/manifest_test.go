@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/installcni"
 	"github.com/tabbynet/tabby/ipam"
@@ -42,14 +43,13 @@ const (
 )
 
 // readmeInstall are the commands of the README's "Install on a cluster"
-// (run from deploy/ here). The CRDs go first: kubectl maps every object of
-// a file to a resource before it applies any, so on a cluster without
-// tabby's CRDs a single apply of tabby.yaml creates everything but the
-// IPPool ("no matches for kind IPPool"). TestFreshClusterInstall applies
-// tabby.yaml a second time, as an upgrade would.
+// (run from deploy/ here): one apply. tabby.yaml holds no custom resource
+// (kubectl maps every object of a file to a resource before it applies
+// any, so a custom resource in the same file as its CRD fails with "no
+// matches for kind" on a fresh cluster); tabbyd creates the default
+// IPPool. TestFreshClusterInstall applies tabby.yaml a second time, as an
+// upgrade would.
 var readmeInstall = [][]string{
-	{"apply", "--server-side", "-f", "crds/"},
-	{"wait", "--for=condition=Established", "--timeout=60s", "-f", "crds/"},
 	{"apply", "--server-side", "-f", manifest},
 }
 
@@ -175,11 +175,11 @@ func TestServerSideDryRun(t *testing.T) {
 		t.Errorf("client-side apply: %d objects dry-run, want %d:\n%s", n, len(objs), out)
 	}
 
-	// The dry run really validates: a pool whose cidr has host bits is refused.
-	bad := bytes.Replace(readManifest(t), []byte("cidr: "+DefaultPodCIDR), []byte("cidr: 10.244.1.0/16"), 1)
+	// The dry run really validates: a DaemonSet with a bad field is refused.
+	bad := bytes.Replace(readManifest(t), []byte("priorityClassName: system-node-critical"), []byte("priorityClassName: 42"), 1)
 	_, errOut, err := kubectl(t, adminKubeconfig, bad, "apply", "--server-side", forceConflicts, "--dry-run=server", "-f", "-")
-	if err == nil || !strings.Contains(errOut, "host bits set") {
-		t.Errorf("a bad IPPool passed the dry run (%v): %s", err, errOut)
+	if err == nil {
+		t.Errorf("a bad DaemonSet passed the dry run: %s", errOut)
 	}
 }
 
@@ -270,12 +270,14 @@ func TestRBACLeastPrivilege(t *testing.T) {
 	// in its own namespace only.
 	add(nodeUser, true, "", "watch nodes", "list nodes", "patch nodes", "patch nodes/status",
 		"watch pods", "watch namespaces", "watch networkpolicies.networking.k8s.io",
-		"watch ippools.tabby.io", "watch ipamconfigurations.tabby.io", "watch bgpconfigurations.tabby.io", "watch bgppeers.tabby.io")
+		"watch ippools.tabby.io", "watch ipamconfigurations.tabby.io", "watch bgpconfigurations.tabby.io", "watch bgppeers.tabby.io",
+		// The default pool, when the cluster has none.
+		"create ippools.tabby.io")
 	add(nodeUser, true, "default", "create events", "create events.events.k8s.io")
 	add(nodeUser, true, namespace, "get secrets", "watch secrets",
 		"get leases.coordination.k8s.io", "create leases.coordination.k8s.io", "update leases.coordination.k8s.io")
 	add(nodeUser, false, "", "update nodes", "create nodes", "delete nodes", "update nodes/status",
-		"create ippools.tabby.io", "update ippools.tabby.io", "delete ippools.tabby.io",
+		"update ippools.tabby.io", "delete ippools.tabby.io",
 		"update bgppeers.tabby.io", "create bgpconfigurations.tabby.io", "update ipamconfigurations.tabby.io")
 	add(nodeUser, false, "default", "get secrets", "delete pods", "create pods", "patch pods", "create networkpolicies.networking.k8s.io", "delete events")
 	add(nodeUser, false, "kube-system", "get secrets", "list secrets", "create leases.coordination.k8s.io")
@@ -364,12 +366,38 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The node as kubelet registers it, running Debian's containerd: the
+	// conflist must not be newer than its CNI 1.0.0.
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cni-node"}}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	node, err := cs.CoreV1().Nodes().Get(ctx, "cni-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status.NodeInfo.ContainerRuntimeVersion = "containerd://1.6.20"
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
 	host := filepath.Join(dir, "host")
-	if _, err := installcni.Install(installcni.Options{
+	res, err := installcni.Install(installcni.Options{
 		BinSource: bin, HostRoot: host, NodeName: "cni-node", APIServer: c.Server,
 		TokenFile: filepath.Join(sa, "token"), CAFile: filepath.Join(sa, "ca.crt"),
-	}); err != nil {
+		ReferencePlugins: []string{}, // the node's business here (no loopback in this image)
+	})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// install-cni read the runtime off the Node with the tabby-cni credentials.
+	if res.CNIVersion != "1.0.0" || !strings.Contains(strings.Join(res.Notes, "\n"), "cniVersion 1.0.0: containerd://1.6.20 speaks CNI up to 1.0.0") {
+		t.Errorf("cniVersion %s, notes %q, warnings %q", res.CNIVersion, res.Notes, res.Warnings)
+	}
+	for _, w := range res.Warnings {
+		if !strings.Contains(w, "has no loopback binary") {
+			t.Errorf("warning: %s", w)
+		}
 	}
 
 	rc, err := datastore.LoadConfig(filepath.Join(host, "etc/cni/net.d/tabby-kubeconfig"))
@@ -384,11 +412,7 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 		t.Fatalf("the CNI's kubeconfig cannot reach the API server: %v", err)
 	}
 
-	// What kubelet would have made: the node and the pod being wired.
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cni-node"}}
-	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	// What kubelet would have made: the pod being wired.
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "cni-pod", Namespace: "default"},
 		Spec:       corev1.PodSpec{NodeName: "cni-node", Containers: []corev1.Container{{Name: "c", Image: "example.invalid/c"}}},
@@ -400,6 +424,17 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 		_ = cs.CoreV1().Pods("default").Delete(context.Background(), "cni-pod", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	})
 
+	// In a cluster the first tabbyd creates the default pool from its
+	// --default-ipv4-pool-cidr (daemon's tests cover that); no tabbyd
+	// runs here.
+	pool := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "default-ipv4"}, Spec: tabbyv1.IPPoolSpec{CIDR: DefaultPodCIDR, NATOutgoing: true}}
+	admin, err := datastore.New(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.IPPools.Create(ctx, pool, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	m := ipam.New(ds)
 	const handle = "k8s-pod-network.0123456789abcdef"
 	got, err := m.Assign(ctx, ipam.Request{HandleID: handle, Node: "cni-node", Namespace: "default", Pod: "cni-pod", IPv4: true})

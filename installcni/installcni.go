@@ -4,6 +4,14 @@
 // network config list and a kubeconfig carrying the CNI service account's
 // token into the host's CNI config dir.
 //
+// The reference plugins the node needs besides tabby's own (loopback, which
+// the container runtime runs for every pod sandbox, and portmap, which the
+// conflist chains) come from the image too, but only where the node has
+// none or an older one: a node's newer plugin, or one whose version cannot
+// be read, stays. The conflist's cniVersion is the newest that tabby, the
+// container runtime (told by the Node's containerRuntimeVersion) and every
+// chained plugin speak.
+//
 // Every file is written atomically: a temporary file in the same folder,
 // synced, then renamed over the old one. The container runtime and kubelet
 // never see a half-written binary or config, and a plugin that is running
@@ -17,7 +25,6 @@ package installcni
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -34,12 +41,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/invoke"
-	"github.com/containernetworking/cni/pkg/version"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-
-	"github.com/tabbynet/tabby/plugin"
 )
 
 // Defaults of Options.
@@ -55,11 +58,10 @@ const (
 	DefaultCAFile    = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 	// NetworkName is the conflist's "name".
 	NetworkName = "k8s-pod-network"
-	// CNIVersion is the conflist's "cniVersion".
-	CNIVersion = "1.1.0"
 )
 
-// DefaultPlugins are the binaries every install needs.
+// DefaultPlugins are tabby's own binaries, which every install copies
+// from the image whatever the node has.
 var DefaultPlugins = []string{"tabby", "tabby-ipam"}
 
 // tmpPrefix starts the name of every temporary file install-cni makes; the
@@ -94,11 +96,17 @@ type Options struct {
 	ConfName       string
 	KubeconfigName string
 
-	// Plugins must all be in BinSource (nil: DefaultPlugins).
+	// Plugins must all be in BinSource and always replace the node's
+	// (nil: DefaultPlugins).
 	Plugins []string
-	// OptionalPlugins are copied when BinSource has them (such as portmap,
-	// which a host may already have).
-	OptionalPlugins []string
+	// ReferencePlugins are reference CNI plugins the node needs: each goes
+	// from BinSource into CNIBinDir when the node has none or an older one
+	// (by the version it prints when run without CNI_COMMAND); a node's
+	// newer one, or one whose version cannot be read, stays and is checked.
+	// portmap is needed only when Portmap is set, the others always; one
+	// that is needed and in neither place is an error. nil:
+	// DefaultReferencePlugins; empty: none.
+	ReferencePlugins []string
 
 	// NodeName is this node's name, as the Node object has it (required).
 	NodeName string
@@ -111,6 +119,20 @@ type Options struct {
 	// AgentSocket is the plugin's "agentSocket", where tabbyd serves IPAM
 	// (empty: the plugin's default, /var/run/tabby/cni.sock).
 	AgentSocket string
+
+	// RuntimeCNIVersion is the newest CNI version the node's container
+	// runtime speaks (such as 1.0.0): the conflist's cniVersion is never
+	// newer. Empty: told by ContainerRuntime.
+	RuntimeCNIVersion string
+	// ContainerRuntime is the node's container runtime and version as its
+	// Node object reports them (status.nodeInfo.containerRuntimeVersion,
+	// such as containerd://1.6.20). Empty: read from the Node with the CNI
+	// credentials below; when that fails, FallbackRuntimeCNIVersion and a
+	// warning.
+	ContainerRuntime string
+	// APITimeout bounds that read, retried while the API server does not
+	// answer (default DefaultAPITimeout).
+	APITimeout time.Duration
 
 	// APIServer is the API server's https URL as the node reaches it.
 	APIServer string
@@ -137,6 +159,9 @@ type File struct {
 	Kind Kind
 	// Changed reports that the file was written (created or replaced).
 	Changed bool
+	// Kept reports a node's own reference plugin that was left in place
+	// (see Options.ReferencePlugins); its hashes are the node's file's.
+	Kept bool
 	// OldSHA256 is the hash of what was there before ("" when nothing was),
 	// NewSHA256 of what is there now.
 	OldSHA256, NewSHA256 string
@@ -144,6 +169,10 @@ type File struct {
 
 func (f File) String() string {
 	switch {
+	case f.Kept && f.NewSHA256 == "":
+		return fmt.Sprintf("%s: the node's own, kept (not readable from here)", f.Path)
+	case f.Kept:
+		return fmt.Sprintf("%s: the node's own, kept (sha256 %s)", f.Path, short(f.NewSHA256))
 	case !f.Changed:
 		return fmt.Sprintf("%s: unchanged (sha256 %s)", f.Path, short(f.NewSHA256))
 	case f.OldSHA256 == "":
@@ -166,6 +195,11 @@ func short(h string) string {
 type Result struct {
 	// Files in the order they were handled: binaries, kubeconfig, conflist.
 	Files []File
+	// CNIVersion is the conflist's cniVersion.
+	CNIVersion string
+	// Notes say what Install decided and why: which reference plugins it
+	// installed or kept, and the conflist's cniVersion.
+	Notes []string
 	// Warnings are things that will keep pods from using tabby although
 	// the install itself succeeded.
 	Warnings []string
@@ -201,11 +235,20 @@ func Install(opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	kubeconfig, err := o.kubeconfig()
+	refs, err := o.planReference()
 	if err != nil {
 		return nil, err
 	}
-	conflist, err := o.conflist(srcs)
+	kubeconfig, token, ca, err := o.kubeconfig()
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{}
+	version, err := o.cniVersion(refs, token, ca, res)
+	if err != nil {
+		return nil, err
+	}
+	conflist, err := o.conflist(version)
 	if err != nil {
 		return nil, err
 	}
@@ -215,9 +258,20 @@ func Install(opts Options) (*Result, error) {
 		}
 	}
 
-	res := &Result{}
+	res.CNIVersion = version
 	for _, s := range srcs {
 		f, err := installBinary(s, filepath.Join(o.CNIBinDir, s.name))
+		if err != nil {
+			return res, err
+		}
+		res.Files = append(res.Files, f)
+	}
+	for _, p := range refs {
+		if p.install == nil {
+			res.Files = append(res.Files, File{Path: p.hostPath, Kind: KindBinary, Kept: true, OldSHA256: p.keptSum, NewSHA256: p.keptSum})
+			continue
+		}
+		f, err := installBinary(*p.install, p.hostPath)
 		if err != nil {
 			return res, err
 		}
@@ -239,8 +293,86 @@ func Install(opts Options) (*Result, error) {
 		}
 		res.Files = append(res.Files, f)
 	}
-	res.Warnings = o.warnings()
+	res.Warnings = append(res.Warnings, o.warnings(refs)...)
 	return res, nil
+}
+
+// cniVersion decides the conflist's cniVersion: the newest that tabby, the
+// container runtime and every chained plugin speak. It notes the
+// reference plugins' fate and the decision in res, and warns there about
+// what it had to guess.
+func (o Options) cniVersion(refs []refPlan, token, ca []byte, res *Result) (string, error) {
+	var chain []chainLimit
+	portmapPlanned := false
+	for _, p := range refs {
+		res.Notes = append(res.Notes, p.note)
+		if p.install != nil {
+			if p.name == "portmap" {
+				// The image's own: it must answer.
+				vs, err := cniVersions(p.what)
+				if err != nil {
+					return "", fmt.Errorf("asking the image's portmap (%s) which CNI versions it speaks: %w", p.what, err)
+				}
+				chain = append(chain, chainLimit{who: "portmap " + versionOrUnknown(p.version), supported: vs})
+				portmapPlanned = true
+			}
+			continue
+		}
+		vs, warning := p.checkKept()
+		if warning != "" {
+			res.Warnings = append(res.Warnings, warning)
+		}
+		if p.name == "portmap" {
+			who := "the node's portmap " + versionOrUnknown(p.version)
+			if vs == nil {
+				vs, who = upTo(FallbackRuntimeCNIVersion), who+" (assumed)"
+			}
+			chain = append(chain, chainLimit{who: who, supported: vs})
+			portmapPlanned = true
+		}
+	}
+	if o.Portmap && !portmapPlanned {
+		// portmap is not among the reference plugins: the node's, if any.
+		path := filepath.Join(o.CNIBinDir, "portmap")
+		if _, err := os.Stat(path); err == nil {
+			vs, err := cniVersions(path)
+			if err != nil {
+				return "", fmt.Errorf("asking %s which CNI versions it speaks: %w", path, err)
+			}
+			chain = append(chain, chainLimit{who: "the node's portmap", supported: vs})
+		}
+	}
+	rt := o.runtimeLimit(token, ca)
+	if rt.warning != "" {
+		res.Warnings = append(res.Warnings, rt.warning)
+	}
+	version, why, err := chooseCNIVersion(tabbyVersions(), rt, chain)
+	if err != nil {
+		return "", err
+	}
+	res.Notes = append(res.Notes, why)
+	// A node's plugin that keeps the version below what tabby and the
+	// runtime speak deserves a warning: the image's would not.
+	if unchained, _, err := chooseCNIVersion(tabbyVersions(), rt, nil); err == nil && unchained != version {
+		for _, p := range refs {
+			if p.install == nil && p.name == "portmap" {
+				res.Warnings = append(res.Warnings, fmt.Sprintf("the node's portmap %s keeps the conflist at cniVersion %s although tabby and the container runtime speak %s: remove %s and restart the tabby-node pod so install-cni installs the image's",
+					versionOrUnknown(p.version), version, unchained, p.hostPath))
+			}
+		}
+	}
+	return version, nil
+}
+
+// upTo lists tabby's CNI versions up to max.
+func upTo(max string) []string {
+	var out []string
+	for _, v := range tabbyVersions() {
+		if compareCNI(v, max) <= 0 {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -262,6 +394,17 @@ func (o Options) withDefaults() (Options, error) {
 	def(&o.CAFile, DefaultCAFile)
 	if o.Plugins == nil {
 		o.Plugins = DefaultPlugins
+	}
+	if o.ReferencePlugins == nil {
+		o.ReferencePlugins = DefaultReferencePlugins
+	}
+	if o.APITimeout <= 0 {
+		o.APITimeout = DefaultAPITimeout
+	}
+	if o.RuntimeCNIVersion != "" {
+		if err := ParseCNIVersion(o.RuntimeCNIVersion); err != nil {
+			return o, fmt.Errorf("the container runtime's CNI version: %w", err)
+		}
 	}
 	switch {
 	case o.BinSource == "":
@@ -294,15 +437,13 @@ func (o Options) withDefaults() (Options, error) {
 // sources finds and hashes the binaries to copy.
 func (o Options) sources() ([]source, error) {
 	var srcs []source
-	add := func(name string, required bool) error {
+	add := func(name string) error {
 		if name == "" || name != filepath.Base(name) {
 			return fmt.Errorf("plugin name %q must be a plain file name", name)
 		}
 		path := filepath.Join(o.BinSource, name)
 		st, err := os.Stat(path)
 		switch {
-		case errors.Is(err, fs.ErrNotExist) && !required:
-			return nil
 		case errors.Is(err, fs.ErrNotExist):
 			return fmt.Errorf("the plugin binary %s is missing from %s: the image must ship it next to tabbyctl, or pass --bin-source with the folder that holds it", name, o.BinSource)
 		case err != nil:
@@ -318,41 +459,37 @@ func (o Options) sources() ([]source, error) {
 		return nil
 	}
 	for _, n := range o.Plugins {
-		if err := add(n, true); err != nil {
-			return nil, err
-		}
-	}
-	for _, n := range o.OptionalPlugins {
-		if err := add(n, false); err != nil {
+		if err := add(n); err != nil {
 			return nil, err
 		}
 	}
 	return srcs, nil
 }
 
-// kubeconfig renders the plugin's kubeconfig from the token and CA files.
-func (o Options) kubeconfig() ([]byte, error) {
+// kubeconfig renders the plugin's kubeconfig from the token and CA files,
+// and returns what it read of them.
+func (o Options) kubeconfig() (kubeconfig, token, ca []byte, err error) {
 	if o.APIServer == "" {
-		return nil, errors.New("no API server address: run in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are set there) or pass --apiserver https://HOST:PORT")
+		return nil, nil, nil, errors.New("no API server address: run in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are set there) or pass --apiserver https://HOST:PORT")
 	}
 	u, err := url.Parse(o.APIServer)
 	if err != nil || u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("API server %q is not an https URL such as https://10.96.0.1:443", o.APIServer)
+		return nil, nil, nil, fmt.Errorf("API server %q is not an https URL such as https://10.96.0.1:443", o.APIServer)
 	}
-	token, err := os.ReadFile(o.TokenFile)
+	token, err = os.ReadFile(o.TokenFile)
 	if err != nil {
-		return nil, fmt.Errorf("reading the CNI service account's token: %w (the DaemonSet mounts the Secret tabby-cni-token there; kube-controller-manager fills it in, and the init container is retried until it has)", err)
+		return nil, nil, nil, fmt.Errorf("reading the CNI service account's token: %w (the DaemonSet mounts the Secret tabby-cni-token there; kube-controller-manager fills it in, and the init container is retried until it has)", err)
 	}
 	token = bytes.TrimSpace(token)
 	if len(token) == 0 {
-		return nil, fmt.Errorf("the token file %s is empty: kube-controller-manager has not filled in the Secret tabby-cni-token yet (the init container is retried)", o.TokenFile)
+		return nil, nil, nil, fmt.Errorf("the token file %s is empty: kube-controller-manager has not filled in the Secret tabby-cni-token yet (the init container is retried)", o.TokenFile)
 	}
-	ca, err := os.ReadFile(o.CAFile)
+	ca, err = os.ReadFile(o.CAFile)
 	if err != nil {
-		return nil, fmt.Errorf("reading the cluster's CA bundle: %w", err)
+		return nil, nil, nil, fmt.Errorf("reading the cluster's CA bundle: %w", err)
 	}
 	if err := checkCA(ca); err != nil {
-		return nil, fmt.Errorf("the CA bundle %s: %w", o.CAFile, err)
+		return nil, nil, nil, fmt.Errorf("the CA bundle %s: %w", o.CAFile, err)
 	}
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["kubernetes"] = &clientcmdapi.Cluster{Server: o.APIServer, CertificateAuthorityData: ca}
@@ -361,11 +498,11 @@ func (o Options) kubeconfig() ([]byte, error) {
 	cfg.CurrentContext = "tabby-cni"
 	data, err := clientcmd.Write(*cfg)
 	if err != nil {
-		return nil, fmt.Errorf("rendering the kubeconfig: %w", err)
+		return nil, nil, nil, fmt.Errorf("rendering the kubeconfig: %w", err)
 	}
 	header := "# Written by tabbyctl install-cni for the tabby CNI plugin (service account\n" +
 		"# tabby-system/tabby-cni); rewritten when tabby-node's pod starts.\n"
-	return append([]byte(header), data...), nil
+	return append([]byte(header), data...), token, ca, nil
 }
 
 func checkCA(data []byte) error {
@@ -390,27 +527,8 @@ func checkCA(data []byte) error {
 	return nil
 }
 
-// conflist renders the network config list, in the newest CNI version that
-// every chained plugin speaks: Debian's portmap, for one, stops at 1.0.0,
-// and a runtime refuses the whole list when one plugin cannot speak its
-// version.
-func (o Options) conflist(srcs []source) ([]byte, error) {
-	version := CNIVersion
-	if o.Portmap {
-		path := filepath.Join(o.CNIBinDir, "portmap")
-		for _, s := range srcs {
-			if s.name == "portmap" {
-				path = s.path
-			}
-		}
-		v, err := newestCommonVersion(path, plugin.SupportedVersions.SupportedVersions())
-		if err != nil {
-			return nil, err
-		}
-		if v != "" {
-			version = v
-		}
-	}
+// conflist renders the network config list in CNI version version.
+func (o Options) conflist(version string) ([]byte, error) {
 	type ipam struct {
 		Type string `json:"type"`
 	}
@@ -450,40 +568,8 @@ func (o Options) conflist(srcs []source) ([]byte, error) {
 	return append(data, '\n'), nil
 }
 
-// newestCommonVersion asks a plugin binary which CNI versions it speaks
-// (CNI_COMMAND=VERSION) and returns the newest one that is also in ours; ""
-// when the binary is not there (the warnings say so).
-func newestCommonVersion(path string, ours []string) (string, error) {
-	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return "", nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	info, err := invoke.GetVersionInfo(ctx, path, nil)
-	if err != nil {
-		return "", fmt.Errorf("asking %s which CNI versions it speaks: %w", path, err)
-	}
-	theirs := map[string]bool{}
-	for _, v := range info.SupportedVersions() {
-		theirs[v] = true
-	}
-	best := ""
-	for _, v := range ours {
-		if !theirs[v] {
-			continue
-		}
-		if newer, err := version.GreaterThan(v, best); best == "" || (err == nil && newer) {
-			best = v
-		}
-	}
-	if best == "" {
-		return "", fmt.Errorf("%s speaks CNI %v, none of which tabby speaks (%v): install a newer one", path, info.SupportedVersions(), ours)
-	}
-	return best, nil
-}
-
 // warnings finds what would keep the runtime from using tabby.
-func (o Options) warnings() []string {
+func (o Options) warnings(refs []refPlan) []string {
 	var w []string
 	// Runtimes (libcni) use the first config of the folder in name order.
 	entries, err := os.ReadDir(o.CNIConfDir)
@@ -504,9 +590,19 @@ func (o Options) warnings() []string {
 				o.CNIConfDir, strings.Join(before, ", "), o.ConfName))
 		}
 	}
-	if o.Portmap {
-		if _, err := os.Stat(filepath.Join(o.CNIBinDir, "portmap")); err != nil {
-			w = append(w, fmt.Sprintf("the conflist chains portmap, but %s has no portmap binary: pods will fail to start until it is installed (the containernetworking plugins), or pass --portmap=false", o.CNIBinDir))
+	// Reference plugins left out of ReferencePlugins are the node's
+	// business, but say when the node lacks them.
+	for _, name := range DefaultReferencePlugins {
+		if !o.needed(name) {
+			continue
+		}
+		planned := false
+		for _, p := range refs {
+			planned = planned || p.name == name
+		}
+		if _, err := os.Lstat(filepath.Join(o.CNIBinDir, name)); err != nil && !planned {
+			w = append(w, fmt.Sprintf("%s has no %s binary, and %s: pods will fail to start until it is installed (the containernetworking plugins), or let install-cni install the image's (--reference-plugins)",
+				o.CNIBinDir, name, purpose(name)))
 		}
 	}
 	return w

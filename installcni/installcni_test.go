@@ -55,7 +55,8 @@ func newEnv(t *testing.T) *env {
 	}
 	e.writeSource("tabby", []byte("#!/bin/sh\necho tabby v1\n"))
 	e.writeSource("tabby-ipam", []byte("#!/bin/sh\necho tabby-ipam v1\n"))
-	e.writeSource("portmap", fakePlugin("1.0.0"))
+	e.writeSource("loopback", fakePlugin("loopback", "v1.9.1", "1.1.0"))
+	e.writeSource("portmap", fakePlugin("portmap", "v1.9.1", "1.0.0"))
 	e.write(filepath.Join(e.sa, "token"), []byte("token-one\n"), 0o400)
 	e.write(filepath.Join(e.sa, "ca.crt"), testCA(t), 0o400)
 	return e
@@ -72,14 +73,14 @@ func (e *env) writeSource(name string, data []byte) { e.write(filepath.Join(e.sr
 
 func (e *env) opts() Options {
 	return Options{
-		BinSource:       e.src,
-		HostRoot:        e.root,
-		NodeName:        "node-1",
-		Portmap:         true,
-		OptionalPlugins: []string{"portmap"},
-		APIServer:       "https://10.96.0.1:443",
-		TokenFile:       filepath.Join(e.sa, "token"),
-		CAFile:          filepath.Join(e.sa, "ca.crt"),
+		BinSource:        e.src,
+		HostRoot:         e.root,
+		NodeName:         "node-1",
+		Portmap:          true,
+		ContainerRuntime: "containerd://2.1.0",
+		APIServer:        "https://10.96.0.1:443",
+		TokenFile:        filepath.Join(e.sa, "token"),
+		CAFile:           filepath.Join(e.sa, "ca.crt"),
 	}
 }
 
@@ -160,6 +161,7 @@ func TestFreshInstall(t *testing.T) {
 	want := map[string]os.FileMode{
 		filepath.Join(e.binDir, "tabby"):      0o755,
 		filepath.Join(e.binDir, "tabby-ipam"): 0o755,
+		filepath.Join(e.binDir, "loopback"):   0o755,
 		filepath.Join(e.binDir, "portmap"):    0o755,
 		e.kubeconfigF:                         0o600,
 		e.conflist:                            0o644,
@@ -185,7 +187,7 @@ func TestFreshInstall(t *testing.T) {
 			t.Errorf("%s: mode %v, want %v", path, st.Mode().Perm(), mode)
 		}
 	}
-	for _, name := range []string{"tabby", "tabby-ipam", "portmap"} {
+	for _, name := range []string{"tabby", "tabby-ipam", "loopback", "portmap"} {
 		got, _ := os.ReadFile(filepath.Join(e.binDir, name))
 		src, _ := os.ReadFile(filepath.Join(e.src, name))
 		if !bytes.Equal(got, src) {
@@ -194,6 +196,17 @@ func TestFreshInstall(t *testing.T) {
 	}
 	if res.Warnings != nil {
 		t.Errorf("warnings on a clean host: %v", res.Warnings)
+	}
+	wantNotes := []string{
+		"installed loopback v1.9.1 into " + e.binDir + ": the container runtime runs it for every pod",
+		"installed portmap v1.9.1 into " + e.binDir + ": the conflist chains it for hostPort",
+		"cniVersion 1.0.0: containerd://2.1.0 speaks CNI up to 1.1.0; portmap v1.9.1 speaks up to 1.0.0",
+	}
+	if strings.Join(res.Notes, "\n") != strings.Join(wantNotes, "\n") {
+		t.Errorf("notes:\n%s\nwant:\n%s", strings.Join(res.Notes, "\n"), strings.Join(wantNotes, "\n"))
+	}
+	if res.CNIVersion != "1.0.0" {
+		t.Errorf("Result.CNIVersion %q", res.CNIVersion)
 	}
 
 	// The conflist is what the README shows, readable by libcni and by the
@@ -438,6 +451,18 @@ func TestBadInputsWriteNothing(t *testing.T) {
 		{"bad CA", func(e *env, o *Options) { e.write(o.CAFile, []byte("not a cert"), 0o400) }, "no PEM certificate"},
 		{"no apiserver", func(e *env, o *Options) { o.APIServer = "" }, "KUBERNETES_SERVICE_HOST"},
 		{"plain http apiserver", func(e *env, o *Options) { o.APIServer = "http://10.96.0.1:80" }, "not an https URL"},
+		{"no loopback anywhere", func(e *env, o *Options) { os.Remove(filepath.Join(e.src, "loopback")) },
+			"loopback is neither in the image"},
+		{"no portmap anywhere", func(e *env, o *Options) { os.Remove(filepath.Join(e.src, "portmap")) }, "--portmap=false"},
+		{"bad reference plugin name", func(e *env, o *Options) { o.ReferencePlugins = []string{"../loopback"} }, "plain file name"},
+		{"reference plugin is ours", func(e *env, o *Options) { o.ReferencePlugins = []string{"tabby"} }, "name it once"},
+		{"bad runtime CNI version", func(e *env, o *Options) { o.RuntimeCNIVersion = "1.0" }, "not a version such as 1.0.0"},
+		{"ancient runtime CNI version", func(e *env, o *Options) { o.RuntimeCNIVersion = "0.2.0" }, "older than any tabby speaks"},
+		{"image portmap mute", func(e *env, o *Options) { e.writeSource("portmap", []byte("#!/bin/sh\nexit 3\n")) },
+			"asking the image's portmap"},
+		{"no common version", func(e *env, o *Options) {
+			e.writeSource("portmap", []byte("#!/bin/sh\necho '{\"cniVersion\":\"0.2.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\"]}'\n"))
+		}, "no CNI version that tabby"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -506,24 +531,36 @@ func TestUnwritableTargets(t *testing.T) {
 
 func TestWarnings(t *testing.T) {
 	e := newEnv(t)
-	os.Remove(filepath.Join(e.src, "portmap"))
 	os.MkdirAll(e.confDir, 0o755)
 	e.write(filepath.Join(e.confDir, "05-other.conflist"), []byte("{}"), 0o644)
 	e.write(filepath.Join(e.confDir, "99-later.conf"), []byte("{}"), 0o644)
-	res := e.install(e.opts())
-	if len(res.Warnings) != 2 ||
+	// The node's reference plugins are left to the node, which has none.
+	o := e.opts()
+	o.ReferencePlugins = []string{}
+	res := e.install(o)
+	if len(res.Warnings) != 3 ||
 		!strings.Contains(res.Warnings[0], "05-other.conflist") || strings.Contains(res.Warnings[0], "99-later") ||
-		!strings.Contains(res.Warnings[1], "no portmap binary") {
+		!strings.Contains(res.Warnings[1], "no loopback binary") || !strings.Contains(res.Warnings[1], "runs it for every pod") ||
+		!strings.Contains(res.Warnings[2], "no portmap binary") {
 		t.Errorf("warnings %q", res.Warnings)
 	}
-	o := e.opts()
+	if _, err := os.Stat(filepath.Join(e.binDir, "loopback")); err == nil {
+		t.Errorf("loopback was installed although no reference plugin was asked for")
+	}
 	o.Portmap = false
 	os.Remove(filepath.Join(e.confDir, "05-other.conflist"))
+	o.ReferencePlugins = nil
 	if res := e.install(o); len(res.Warnings) != 0 {
 		t.Errorf("warnings without portmap and other configs: %q", res.Warnings)
 	}
 	if b, _ := os.ReadFile(e.conflist); bytes.Contains(b, []byte("portmap")) {
 		t.Errorf("the conflist chains portmap although --portmap=false: %s", b)
+	}
+	if _, err := os.Stat(filepath.Join(e.binDir, "loopback")); err != nil {
+		t.Errorf("loopback was not installed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.binDir, "portmap")); err == nil {
+		t.Errorf("portmap was installed although the conflist does not chain it")
 	}
 }
 
@@ -563,8 +600,10 @@ func TestHostPathsAreNotLocalPaths(t *testing.T) {
 	}
 }
 
-// fakePlugin answers CNI VERSION like a plugin whose newest version is newest.
-func fakePlugin(newest string) []byte {
+// fakePlugin is a reference plugin that says it is version build when run
+// without CNI_COMMAND ("" says "version unknown", as Debian's do), and
+// answers CNI VERSION with the versions from 0.3.0 up to newest.
+func fakePlugin(name, build, newest string) []byte {
 	all := []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 	var vs []string
 	for _, v := range all {
@@ -573,47 +612,77 @@ func fakePlugin(newest string) []byte {
 			break
 		}
 	}
-	return []byte(fmt.Sprintf("#!/bin/sh\necho '{\"cniVersion\":\"%s\",\"supportedVersions\":[%s]}'\n", newest, strings.Join(vs, ",")))
+	if build == "" {
+		build = "version unknown"
+	}
+	return []byte(fmt.Sprintf(`#!/bin/sh
+if [ "$CNI_COMMAND" = VERSION ]; then
+	echo '{"cniVersion":"%s","supportedVersions":[%s]}'
+	exit 0
+fi
+echo 'CNI %s plugin %s' >&2
+echo 'CNI protocol versions supported: ...' >&2
+`, newest, strings.Join(vs, ","), name, build))
 }
 
-// TestConflistVersionFitsPortmap: the conflist speaks the newest CNI version
-// that every chained plugin speaks; Debian's portmap stops at 1.0.0 and a
-// runtime refuses a list one of whose plugins cannot speak its version.
-func TestConflistVersionFitsPortmap(t *testing.T) {
-	version := func(e *env) string {
-		var l struct {
-			CNIVersion string `json:"cniVersion"`
-		}
-		b, err := os.ReadFile(e.conflist)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(b, &l); err != nil {
-			t.Fatal(err)
-		}
-		return l.CNIVersion
+// conflistVersion is the cniVersion of the conflist written.
+func (e *env) conflistVersion() string {
+	e.t.Helper()
+	var l struct {
+		CNIVersion string `json:"cniVersion"`
 	}
-	e := newEnv(t)
-	e.install(e.opts())
-	if v := version(e); v != "1.0.0" {
-		t.Errorf("with a portmap that stops at 1.0.0 the conflist says %s", v)
+	if err := json.Unmarshal(mustRead(e.t, e.conflist), &l); err != nil {
+		e.t.Fatal(err)
 	}
-	e.writeSource("portmap", fakePlugin("1.1.0"))
-	e.install(e.opts())
-	if v := version(e); v != "1.1.0" {
-		t.Errorf("with a portmap that speaks 1.1.0 the conflist says %s", v)
+	return l.CNIVersion
+}
+
+// TestConflistVersionFitsPortmapAndRuntime: the conflist speaks the newest
+// CNI version that tabby, the container runtime and every chained plugin
+// speak; a runtime refuses a list one of whose plugins cannot speak its
+// version, and containerd 1.6/1.7 refuse every result newer than 1.0.0.
+func TestConflistVersionFitsPortmapAndRuntime(t *testing.T) {
+	cases := []struct {
+		name     string
+		runtime  string // ContainerRuntime
+		limit    string // RuntimeCNIVersion
+		portmap  string // newest version the image's portmap speaks; "": not chained
+		want     string
+		wantNote string
+	}{
+		{"containerd 2, old portmap", "containerd://2.1.0", "", "1.0.0", "1.0.0", "portmap v1.9.1 speaks up to 1.0.0"},
+		{"containerd 2, new portmap", "containerd://2.1.0", "", "1.1.0", "1.1.0", "containerd://2.1.0 speaks CNI up to 1.1.0; portmap v1.9.1 speaks up to 1.1.0"},
+		{"containerd 1.6, new portmap", "containerd://1.6.20", "", "1.1.0", "1.0.0", "cniVersion 1.0.0: containerd://1.6.20 speaks CNI up to 1.0.0; portmap v1.9.1 speaks up to 1.1.0"},
+		{"containerd 1.7 without portmap", "containerd://1.7.27", "", "", "1.0.0", "cniVersion 1.0.0: containerd://1.7.27 speaks CNI up to 1.0.0"},
+		{"containerd 2 without portmap", "containerd://2.0.0", "", "", "1.1.0", "cniVersion 1.1.0: containerd://2.0.0 speaks CNI up to 1.1.0"},
+		{"cri-o 1.30", "cri-o://1.30.4", "", "1.1.0", "1.0.0", "cri-o://1.30.4 speaks CNI up to 1.0.0"},
+		{"set by hand wins", "containerd://2.1.0", "0.4.0", "1.1.0", "0.4.0", "the container runtime (as configured"},
+		{"a newer runtime than tabby", "", "1.2.0", "", "1.1.0", "cniVersion 1.1.0"},
 	}
-	o := e.opts()
-	o.Portmap = false
-	e.writeSource("portmap", fakePlugin("0.3.0"))
-	e.install(o)
-	if v := version(e); v != "1.1.0" {
-		t.Errorf("without portmap the conflist says %s", v)
-	}
-	if _, err := os.Stat("/usr/lib/cni/portmap"); err == nil {
-		e.write(filepath.Join(e.src, "portmap"), mustRead(t, "/usr/lib/cni/portmap"), 0o755)
-		e.install(e.opts())
-		t.Logf("with Debian's portmap the conflist says cniVersion %s", version(e))
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			o := e.opts()
+			o.ContainerRuntime, o.RuntimeCNIVersion = c.runtime, c.limit
+			if c.portmap == "" {
+				o.Portmap = false
+			} else {
+				e.writeSource("portmap", fakePlugin("portmap", "v1.9.1", c.portmap))
+			}
+			res := e.install(o)
+			if v := e.conflistVersion(); v != c.want || res.CNIVersion != v {
+				t.Errorf("cniVersion %s (Result %s), want %s", v, res.CNIVersion, c.want)
+			}
+			if !strings.Contains(strings.Join(res.Notes, "\n"), c.wantNote) {
+				t.Errorf("notes lack %q:\n%s", c.wantNote, strings.Join(res.Notes, "\n"))
+			}
+			if len(res.Warnings) != 0 {
+				t.Errorf("warnings: %q", res.Warnings)
+			}
+			if got := bytes.Contains(mustRead(t, e.conflist), []byte(`"type": "portmap"`)); got != (c.portmap != "") {
+				t.Errorf("portmap chained: %v, want %v", got, c.portmap != "")
+			}
+		})
 	}
 }
 

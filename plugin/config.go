@@ -34,9 +34,13 @@ const (
 // NetConf is the CNI network config of the tabby plugin as it appears in the
 // conflist, e.g.
 //
-//	{"cniVersion":"1.1.0","name":"k8s-pod-network","plugins":[{"type":"tabby",
+//	{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"tabby",
 //	 "kubeconfig":"/etc/cni/net.d/tabby-kubeconfig","nodename":"node1","mtu":0,
 //	 "ipam":{"type":"tabby-ipam"}}]}
+//
+// (install-cni writes the newest cniVersion of SupportedVersions that the
+// container runtime and every chained plugin speak too: 1.0.0 under
+// containerd 1.6 and 1.7, 1.1.0 under containerd 2.)
 //
 // The tabby-ipam plugin reads the same keys: when it runs under another plugin
 // (ptp, bridge) the ipam section may carry kubeconfig, nodename, timeout,

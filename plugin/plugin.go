@@ -57,9 +57,13 @@ A container runtime runs it with CNI_COMMAND=ADD|DEL|CHECK|GC|STATUS|VERSION,
 CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME, CNI_ARGS (K8S_POD_NAMESPACE,
 K8S_POD_NAME) and CNI_PATH set, and the network config on stdin, e.g.
 
-  {"cniVersion":"1.1.0","name":"k8s-pod-network","plugins":[{"type":"tabby",
+  {"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"tabby",
    "kubeconfig":"/etc/cni/net.d/tabby-kubeconfig","nodename":"node1","mtu":0,
    "ipam":{"type":"tabby-ipam"}}]}
+
+It speaks CNI 0.3.0 to 1.1.0; a conflist may ask only for what the runtime
+speaks too (containerd 1.6 and 1.7: up to 1.0.0; containerd 2: 1.1.0), as
+the one tabbyctl install-cni writes does.
 
 Config keys (top level, or in "ipam" for tabby-ipam under another plugin):
   kubeconfig   the datastore's kubeconfig (default: in-cluster, then $KUBECONFIG)

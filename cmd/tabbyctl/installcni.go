@@ -13,6 +13,10 @@ import (
 
 func init() { subcommands = append(subcommands, newInstallCNICommand) }
 
+// runtimeCNIVersionEnv is the environment variable behind
+// --runtime-cni-version (the DaemonSet sets it; deploy/gen -runtime-cni-version).
+const runtimeCNIVersionEnv = "CNI_RUNTIME_MAX_VERSION"
+
 func newInstallCNICommand() *cobra.Command {
 	o := installcni.Options{}
 	cmd := &cobra.Command{
@@ -23,10 +27,21 @@ dir and writes the network config list and a kubeconfig carrying the CNI
 service account's token into the host's CNI config dir. Each file is
 replaced atomically and only when its content changed; it prints what it did.
 
+The reference plugins the node needs (--reference-plugins: loopback, which
+the container runtime runs for every pod, and portmap, which the conflist
+chains) go in from the image too, unless the node has one of the same
+version or newer, or one whose version cannot be read: that one stays.
+
+The conflist's cniVersion is the newest that tabby, the container runtime
+and every chained plugin speak. The runtime's limit comes from
+--runtime-cni-version ($CNI_RUNTIME_MAX_VERSION), else from the Node's
+status.nodeInfo.containerRuntimeVersion (containerd 1.6 and 1.7 speak CNI
+up to 1.0.0, containerd 2 up to 1.1.0), else it is taken to be 1.0.0.
+
 In the tabby-node DaemonSet the host's /opt/cni/bin and /etc/cni/net.d are
 mounted under /host, the tabby-cni token Secret is mounted where a pod's
-service account credentials are, and NODE_NAME, KUBERNETES_SERVICE_HOST and
-KUBERNETES_SERVICE_PORT come from the pod.`,
+service account credentials are, and NODE_NAME, KUBERNETES_SERVICE_HOST,
+KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.BinSource == "" {
@@ -39,6 +54,9 @@ KUBERNETES_SERVICE_PORT come from the pod.`,
 			if o.NodeName == "" {
 				o.NodeName = os.Getenv("NODE_NAME")
 			}
+			if o.RuntimeCNIVersion == "" {
+				o.RuntimeCNIVersion = os.Getenv(runtimeCNIVersionEnv)
+			}
 			if o.APIServer == "" {
 				host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
 				if host != "" && port != "" {
@@ -50,8 +68,11 @@ KUBERNETES_SERVICE_PORT come from the pod.`,
 				for _, f := range res.Files {
 					fmt.Fprintln(cmd.OutOrStdout(), f)
 				}
+				for _, n := range res.Notes {
+					fmt.Fprintln(cmd.OutOrStdout(), "install-cni:", n)
+				}
 				for _, w := range res.Warnings {
-					fmt.Fprintln(cmd.ErrOrStderr(), "warning:", w)
+					fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w)
 				}
 			}
 			if err != nil {
@@ -70,7 +91,14 @@ KUBERNETES_SERVICE_PORT come from the pod.`,
 	f.StringVar(&o.NodeName, "nodename", "", "this node's name (default: $NODE_NAME)")
 	f.IntVar(&o.MTU, "mtu", 0, "MTU of pod interfaces (0: the plugin detects it)")
 	f.BoolVar(&o.Portmap, "portmap", true, "chain the portmap plugin (hostPort support) after tabby")
-	f.StringSliceVar(&o.OptionalPlugins, "optional-plugins", []string{"portmap"}, "plugins copied too when the --bin-source folder has them")
+	f.StringSliceVar(&o.ReferencePlugins, "reference-plugins", installcni.DefaultReferencePlugins,
+		"reference CNI plugins installed from the --bin-source folder when the node has none or an older one (portmap only with --portmap)")
+	f.StringSliceVar(&o.ReferencePlugins, "optional-plugins", installcni.DefaultReferencePlugins, "")
+	_ = f.MarkDeprecated("optional-plugins", "use --reference-plugins")
+	f.StringVar(&o.RuntimeCNIVersion, "runtime-cni-version", "",
+		"the newest CNI version the node's container runtime speaks, such as 1.0.0 (default: $"+runtimeCNIVersionEnv+", else told by the Node's containerRuntimeVersion)")
+	f.StringVar(&o.ContainerRuntime, "container-runtime", "",
+		"the node's container runtime as its Node reports it, such as containerd://1.6.20 (default: read from the Node)")
 	f.StringVar(&o.CNILogLevel, "cni-log-level", "", "the plugin's logLevel in the conflist: debug, info, warn, error (default: silent)")
 	f.StringVar(&o.AgentSocket, "agent-socket", "", "the plugin's agentSocket in the conflist: where tabbyd serves IPAM (default: the plugin's, /var/run/tabby/cni.sock)")
 	f.StringVar(&o.APIServer, "apiserver", "", "the API server's URL as the node reaches it (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")

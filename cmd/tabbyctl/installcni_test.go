@@ -41,13 +41,20 @@ func TestInstallCNICommand(t *testing.T) {
 	for _, b := range []string{"tabby", "tabby-ipam"} {
 		write(filepath.Join(src, b), "#!/bin/sh\n")
 	}
-	// portmap answers CNI VERSION, which install-cni asks to pick the conflist's version.
-	write(filepath.Join(src, "portmap"), "#!/bin/sh\necho '{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"1.0.0\",\"1.1.0\"]}'\n")
+	// The reference plugins say their version when run without CNI_COMMAND,
+	// and answer CNI VERSION, which install-cni asks to pick the conflist's version.
+	for _, b := range []string{"loopback", "portmap"} {
+		write(filepath.Join(src, b), "#!/bin/sh\n"+
+			"[ \"$CNI_COMMAND\" = VERSION ] && exec echo '{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.3.1\",\"1.0.0\",\"1.1.0\"]}'\n"+
+			"echo 'CNI "+b+" plugin v1.9.1' >&2\n")
+	}
 	write(filepath.Join(dir, "sa/token"), "sa-token\n")
 	write(filepath.Join(dir, "sa/ca.crt"), testCA)
 	t.Setenv("NODE_NAME", "worker-7")
 	t.Setenv("KUBERNETES_SERVICE_HOST", "fd00:10:96::1")
 	t.Setenv("KUBERNETES_SERVICE_PORT", "443")
+	// Debian's containerd 1.6, as deploy/gen -runtime-cni-version sets it.
+	t.Setenv("CNI_RUNTIME_MAX_VERSION", "1.0.0")
 
 	run := func(args ...string) (string, error) {
 		cmd := newInstallCNICommand()
@@ -69,11 +76,19 @@ func TestInstallCNICommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("install-cni: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "opt/cni/bin/portmap: installed") || !strings.Contains(out, "5 of 5 files changed") {
-		t.Errorf("output:\n%s", out)
+	for _, want := range []string{
+		"opt/cni/bin/portmap: installed",
+		"install-cni: installed loopback v1.9.1 into " + filepath.Join(host, "opt/cni/bin") + ": the container runtime runs it for every pod\n",
+		"install-cni: installed portmap v1.9.1 into " + filepath.Join(host, "opt/cni/bin") + ": the conflist chains it for hostPort\n",
+		"install-cni: cniVersion 1.0.0: the container runtime (as configured: --runtime-cni-version or CNI_RUNTIME_MAX_VERSION) speaks CNI up to 1.0.0; portmap v1.9.1 speaks up to 1.1.0\n",
+		"6 of 6 files changed",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
 	}
 	conflist, _ := os.ReadFile(filepath.Join(host, "etc/cni/net.d/10-tabby.conflist"))
-	for _, want := range []string{`"nodename": "worker-7"`, `"mtu": 1400`, `"kubeconfig": "/etc/cni/net.d/tabby-kubeconfig"`, `"type": "portmap"`} {
+	for _, want := range []string{`"cniVersion": "1.0.0"`, `"nodename": "worker-7"`, `"mtu": 1400`, `"kubeconfig": "/etc/cni/net.d/tabby-kubeconfig"`, `"type": "portmap"`} {
 		if !bytes.Contains(conflist, []byte(want)) {
 			t.Errorf("conflist lacks %s:\n%s", want, conflist)
 		}
@@ -87,8 +102,24 @@ func TestInstallCNICommand(t *testing.T) {
 	}
 
 	out, err = run("--bin-source", src, "--mtu", "1400")
-	if err != nil || !strings.Contains(out, "0 of 5 files changed") {
+	if err != nil || !strings.Contains(out, "0 of 6 files changed") || !strings.Contains(out, "install-cni: loopback v1.9.1 is in ") {
 		t.Errorf("second run: %v\n%s", err, out)
+	}
+
+	// The flag wins over the environment; the node's runtime read from
+	// the flag too, here.
+	out, err = run("--bin-source", src, "--mtu", "1400", "--runtime-cni-version", "1.1.0")
+	if err != nil || !strings.Contains(out, "1 of 6 files changed") || !strings.Contains(out, "install-cni: cniVersion 1.1.0:") {
+		t.Errorf("--runtime-cni-version 1.1.0: %v\n%s", err, out)
+	}
+	t.Setenv("CNI_RUNTIME_MAX_VERSION", "")
+	out, err = run("--bin-source", src, "--mtu", "1400", "--container-runtime", "containerd://1.7.27")
+	if err != nil || !strings.Contains(out, "install-cni: cniVersion 1.0.0: containerd://1.7.27 speaks CNI up to 1.0.0;") {
+		t.Errorf("--container-runtime: %v\n%s", err, out)
+	}
+	out, err = run("--bin-source", src, "--runtime-cni-version", "1.0")
+	if err == nil || !strings.Contains(err.Error(), "not a version such as 1.0.0") {
+		t.Errorf("a bad --runtime-cni-version: %v\n%s", err, out)
 	}
 
 	// Without --bin-source the plugins are looked for next to the running

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -26,7 +27,8 @@ import (
 
 func main() {
 	var cfg daemon.Config
-	var nodeIP, logLevel, iptMode string
+	var nodeIP, logLevel, iptMode, poolCIDR, poolEncap string
+	var poolBlockSize int
 	cmd := &cobra.Command{
 		Use:     "tabbyd",
 		Short:   "tabby's node daemon: BGP, routes and NetworkPolicy for one node",
@@ -56,6 +58,11 @@ func main() {
 			if cfg.NodeName == "" {
 				cfg.NodeName, _ = os.Hostname()
 			}
+			if poolCIDR != "" {
+				if cfg.DefaultIPv4Pool, err = daemon.DefaultPoolSpec(poolCIDR, poolBlockSize, poolEncap); err != nil {
+					return fmt.Errorf("the default IPv4 pool (--default-ipv4-pool-*): %w", err)
+				}
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)
@@ -78,6 +85,9 @@ func main() {
 	f.DurationVar(&cfg.PolicyResync, "policy-resync", netpol.DefaultResync, "how often NetworkPolicy is synced without a change")
 	f.BoolVar(&cfg.PolicyDenyUnlisted, "policy-deny-unlisted", true, "drop the traffic of pod veths whose pod tabbyd does not know yet (a pod wired while tabbyd was down), until its policies are programmed")
 	f.StringVar(&iptMode, "iptables-backend", "", "iptables backend for NAT outgoing and NetworkPolicy: legacy or nft (default: the one the node's rules are in, as kube-proxy's wrapper detects it)")
+	f.StringVar(&poolCIDR, "default-ipv4-pool-cidr", "", "create the IPPool "+daemon.DefaultPoolName+" with this CIDR when the cluster has no IPPool (as calico-node's CALICO_IPV4POOL_CIDR); \"\" never creates one")
+	f.IntVar(&poolBlockSize, "default-ipv4-pool-block-size", 0, "block size of the default IPv4 pool (0: 26)")
+	f.StringVar(&poolEncap, "default-ipv4-pool-encapsulation", "None", "encapsulation of the default IPv4 pool: "+strings.Join(daemon.Encapsulations, ", "))
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)

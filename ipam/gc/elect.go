@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 )
 
 // Leader election defaults, as kube-controller-manager's.
@@ -62,9 +65,13 @@ func (g *GC) RunElected(ctx context.Context, e Election) error {
 	}, g: g, where: e.Namespace + "/" + e.Name}
 
 	// The election runs on its own context, cancelled only once the passes
-	// have stopped: the Lease is released after the last write.
+	// have stopped: the Lease is released after the last write. client-go's
+	// elector logs with the logger the context carries (klog's global one
+	// otherwise): this one puts its lines into the collector's log, at
+	// levels fit for an election that has losers by design.
 	electCtx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopElection()
+	electCtx = klog.NewContext(electCtx, electionLogger(g.log))
 	var mu sync.Mutex
 	ended := sync.NewCond(&mu)
 	terms := 0 // terms whose passes are running
@@ -190,4 +197,59 @@ func (l *loggingLock) Update(ctx context.Context, ler resourcelock.LeaderElectio
 		l.note("update", err)
 	}
 	return err
+}
+
+// electionLogger is the logger client-go's elector gets (and the REST
+// client under it): its lines go to log (tagged
+// component=leaderelection), its info at level 0 as Info, at levels 1 to 4
+// as Debug, and its errors as Debug too; its traces (level 5 and up, such
+// as request and response bodies) nowhere. Every error
+// the elector logs is the failure of a call on the Lease, and loggingLock
+// has seen each one first: a lost race (AlreadyExists when two candidates
+// create the Lease at once, Conflict when two update it) is the normal lot
+// of a candidate that does not lead, and every other failure loggingLock
+// reports once, as a warning saying what to check. At error level they
+// would only repeat that every RetryPeriod, or cry wolf on the loser.
+func electionLogger(log *slog.Logger) klog.Logger {
+	return klog.New(&electionSink{log: log.With("component", "leaderelection")})
+}
+
+type electionSink struct {
+	log    *slog.Logger
+	values []any
+}
+
+func (s *electionSink) Init(klog.RuntimeInfo) {}
+
+// maxElectionV is the most verbose level of client-go's that is logged.
+const maxElectionV = 4
+
+func electionLevel(v int) slog.Level {
+	if v <= 0 {
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
+
+func (s *electionSink) Enabled(v int) bool {
+	return v <= maxElectionV && s.log.Enabled(context.Background(), electionLevel(v))
+}
+
+func (s *electionSink) Info(v int, msg string, kv ...any) {
+	if v > maxElectionV {
+		return
+	}
+	s.log.Log(context.Background(), electionLevel(v), msg, append(slices.Clip(s.values), kv...)...)
+}
+
+func (s *electionSink) Error(err error, msg string, kv ...any) {
+	s.log.Log(context.Background(), slog.LevelDebug, msg, append(append(slices.Clip(s.values), kv...), "error", err)...)
+}
+
+func (s *electionSink) WithValues(kv ...any) klog.LogSink {
+	return &electionSink{log: s.log, values: append(slices.Clip(s.values), kv...)}
+}
+
+func (s *electionSink) WithName(name string) klog.LogSink {
+	return &electionSink{log: s.log.With("logger", name), values: s.values}
 }

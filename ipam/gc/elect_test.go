@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
@@ -247,5 +249,187 @@ func TestRunsWithTabbydRBAC(t *testing.T) {
 	defer rec.mu.Unlock()
 	for _, msg := range rec.msgs {
 		t.Errorf("the collector warned: %s", msg)
+	}
+}
+
+// record is one line a logger was given.
+type record struct {
+	level slog.Level
+	msg   string
+}
+
+// allRecorder keeps every line a logger is given, at every level, with
+// the logger's attributes.
+type allRecorder struct {
+	mu    *sync.Mutex
+	recs  *[]record
+	attrs []slog.Attr
+}
+
+func newAllRecorder() *allRecorder { return &allRecorder{mu: &sync.Mutex{}, recs: &[]record{}} }
+
+func (r *allRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *allRecorder) Handle(_ context.Context, rec slog.Record) error {
+	var b strings.Builder
+	b.WriteString(rec.Message)
+	for _, a := range r.attrs {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+	}
+	rec.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
+	r.mu.Lock()
+	*r.recs = append(*r.recs, record{rec.Level, b.String()})
+	r.mu.Unlock()
+	return nil
+}
+func (r *allRecorder) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *r
+	c.attrs = append(slices.Clip(r.attrs), as...)
+	return &c
+}
+func (r *allRecorder) WithGroup(string) slog.Handler { return r }
+
+func (r *allRecorder) lines() []record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(*r.recs)
+}
+
+// klogSink records what reaches klog's global logger (client-go logs
+// there when a context carries no logger).
+type klogSink struct{ r *allRecorder }
+
+func (s klogSink) Init(klog.RuntimeInfo) {}
+func (s klogSink) Enabled(int) bool      { return true }
+func (s klogSink) Info(_ int, msg string, kv ...any) {
+	s.r.Handle(context.Background(), slog.NewRecord(time.Now(), slog.LevelInfo, fmt.Sprint(msg, kv), 0))
+}
+func (s klogSink) Error(err error, msg string, kv ...any) {
+	s.r.Handle(context.Background(), slog.NewRecord(time.Now(), slog.LevelError, fmt.Sprint(msg, kv, err), 0))
+}
+func (s klogSink) WithValues(...any) klog.LogSink { return s }
+func (s klogSink) WithName(string) klog.LogSink   { return s }
+
+// racingLeases holds the answer to a candidate's first read of the Lease
+// until the other candidate has read it too: both find no Lease, both
+// create it, and one of them is told it already exists.
+type racingLeases struct {
+	coordinationv1client.LeasesGetter
+	first *sync.Once
+	both  *sync.WaitGroup
+}
+
+func (r racingLeases) Leases(namespace string) coordinationv1client.LeaseInterface {
+	return racingLease{LeaseInterface: r.LeasesGetter.Leases(namespace), r: r}
+}
+
+type racingLease struct {
+	coordinationv1client.LeaseInterface
+	r racingLeases
+}
+
+func (l racingLease) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
+	lease, err := l.LeaseInterface.Get(ctx, name, opts)
+	l.r.first.Do(func() {
+		l.r.both.Done()
+		l.r.both.Wait()
+	})
+	return lease, err
+}
+
+// TestLoserLogsNoError: two candidates that find no Lease both create it;
+// the one that loses that race (and every later round) logs no error and
+// no warning, and client-go's elector writes nothing to klog's global
+// logger: its lines go into the collector's log, the lost race at debug
+// level.
+func TestLoserLogsNoError(t *testing.T) {
+	ds := client(t)
+	fresh(t, ds)
+	leases, err := coordinationv1client.NewForConfig(clustertest.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = "tabby-ipam-gc-race"
+	ctx := context.Background()
+	_ = leases.Leases(ns).Delete(ctx, lease, metav1.DeleteOptions{})
+	t.Cleanup(func() { _ = leases.Leases(ns).Delete(ctx, lease, metav1.DeleteOptions{}) })
+
+	global := newAllRecorder()
+	klog.SetLogger(klog.New(klogSink{global}))
+	t.Cleanup(klog.ClearLogger)
+
+	var both sync.WaitGroup
+	both.Add(2)
+	type contender struct {
+		id   string
+		g    *gc.GC
+		logs *allRecorder
+		stop func()
+	}
+	start := func(id string) *contender {
+		logs := newAllRecorder()
+		g, err := gc.New(gc.Config{DS: ds, Grace: time.Hour, Interval: time.Hour, Log: slog.New(logs), Registerer: prometheus.NewRegistry()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- g.RunElected(c, gc.Election{Leases: racingLeases{LeasesGetter: leases, first: &sync.Once{}, both: &both},
+				Namespace: ns, Name: lease, Identity: id,
+				LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond})
+		}()
+		var once sync.Once
+		stop := func() {
+			once.Do(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("RunElected %s: %v", id, err)
+				}
+			})
+		}
+		t.Cleanup(stop)
+		return &contender{id: id, g: g, logs: logs, stop: stop}
+	}
+	a, b := start("race-a"), start("race-b")
+	var leader, loser *contender
+	waitFor(t, "one contender to lead", func() bool {
+		switch {
+		case a.g.Leading():
+			leader, loser = a, b
+		case b.g.Leading():
+			leader, loser = b, a
+		}
+		return leader != nil
+	})
+	// The loser keeps trying for a while: every round finds the Lease held.
+	time.Sleep(time.Second)
+	if loser.g.Leading() {
+		t.Fatal("both contenders lead")
+	}
+	leader.stop()
+	loser.stop()
+
+	lostRace := false
+	for _, c := range []*contender{leader, loser} {
+		for _, r := range c.logs.lines() {
+			if r.level >= slog.LevelWarn {
+				t.Errorf("%s logged at %s: %s", c.id, r.level, r.msg)
+			}
+			if c == loser && r.level == slog.LevelDebug && strings.Contains(r.msg, "Error initially creating lease lock") &&
+				strings.Contains(r.msg, "already exists") && strings.Contains(r.msg, "component=leaderelection") {
+				lostRace = true
+			}
+		}
+	}
+	if !lostRace {
+		t.Errorf("the loser did not lose a race to create the Lease (or did not log it at debug level):\n%v", loser.logs.lines())
+	}
+	for _, r := range global.lines() {
+		t.Errorf("client-go logged through klog's global logger: %s %s", r.level, r.msg)
+	}
+	if !slices.ContainsFunc(leader.logs.lines(), func(r record) bool {
+		return r.level == slog.LevelInfo && strings.Contains(r.msg, "Successfully acquired lease")
+	}) {
+		t.Errorf("the leader's log lacks client-go's info line:\n%v", leader.logs.lines())
 	}
 }
