@@ -3,7 +3,7 @@
 # the kernel tools tabby drives (iptables, ipset, iproute2), the peers it is
 # tested against (bird2, the reference CNI plugins, iperf3) and iputils-ping.
 set -euo pipefail
-pkgs=(iptables ipset iproute2 containernetworking-plugins bird2 iperf3 iputils-ping procps kmod)
+pkgs=(iptables ipset iproute2 containernetworking-plugins bird2 iperf3 iputils-ping procps kmod runc containerd util-linux)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,67 +8,69 @@ import (
 	"strconv"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/test/cluster"
 )
 
-// Identities from deploy/base/rbac.yaml.
-const (
-	tabbyNamespace = "tabby-system"
-	cniAccount     = "tabby-cni"
-	cniTokenSecret = "tabby-cni-token"
-	nodeAccount    = "tabby-node"
-	// nodeTokenSecret is the lab's own token Secret for tabby-node (the
-	// DaemonSet gets a projected token instead).
-	nodeTokenSecret = "tabby-node-lab-token"
-)
-
-// credentials are a service account's token and the cluster's CA bundle.
-type credentials struct {
-	token, ca []byte
-}
+// tabby's namespace (deploy/base/namespace.yaml).
+const tabbyNamespace = "tabby-system"
 
 // controlPlane is the started control plane, for the rest of Up.
 type controlPlane struct {
-	c   *cluster.Cluster
-	cs  kubernetes.Interface
-	cni credentials
-	// node is tabby-node's credentials, or the admin's with
-	// Options.TabbydAdmin.
-	node credentials
+	c  *cluster.Cluster
+	cs kubernetes.Interface
 }
 
-// startControlPlane makes the control-plane namespace on subnet 0 and starts
-// etcd and kube-apiserver in it, installs tabby's CRDs, policies, namespace
-// and RBAC, starts tabby-scheduler-extender, kube-scheduler (with
+// apiServerArgs are what a cluster of real nodes needs of kube-apiserver
+// beyond test/cluster's defaults: the lab's CA for client certificates
+// (kubelets), a client certificate of its own for the kubelets' API (exec,
+// logs, port-forward) by their InternalIP (no DNS for node names here),
+// NodeRestriction for the kubelets' writes, and the kubernetes Service's
+// endpoints kept at its address (pods reach it through kube-proxy).
+func apiServerArgs(ca *labCA, kubeletClientCert, kubeletClientKey string) []string {
+	return []string{
+		"--client-ca-file", ca.CertFile,
+		"--kubelet-client-certificate", kubeletClientCert,
+		"--kubelet-client-key", kubeletClientKey,
+		"--kubelet-preferred-address-types", "InternalIP,Hostname",
+		"--enable-admission-plugins", "NodeRestriction",
+		"--endpoint-reconciler-type", "lease",
+	}
+}
+
+// startControlPlane makes the control-plane namespace on subnet 0, starts
+// etcd and kube-apiserver in it and the host's forward to it, applies what
+// users apply (deploy/tabby.yaml rendered with tabbyImage, kube-proxy and
+// CoreDNS), then starts tabby-scheduler-extender, kube-scheduler (with
 // SchedulerConfigFile, pointed at the extender) and kube-controller-manager
-// there, then creates the default IPPool and the service-account tokens the
-// nodes need.
-func startControlPlane(ctx context.Context, s *State, l Layout, o *Options) (*controlPlane, error) {
+// (every controller) there. The extender starts before anything can be
+// scheduled: the configuration hands it node affinity, which DaemonSet
+// pods need.
+func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *labCA, tabbyImage string) (*controlPlane, error) {
 	nsName := l.ControlPlaneNS()
 	if err := buildHost(s, l, nsName, "cp", 0, ControlPlaneAddr()); err != nil {
 		return nil, err
 	}
+	cert, key, err := ca.clientCert(filepath.Join(s.pkiDir(), "apiserver-kubelet-client"), "kube-apiserver-kubelet-client", "system:masters")
+	if err != nil {
+		return nil, err
+	}
 	dir := filepath.Join(s.Dir, "cp")
 	c, err := cluster.Start(ctx, cluster.Options{
-		Dir:           dir,
-		KeepDir:       true,
-		BinDir:        o.ControlPlaneDir,
-		RepoRoot:      o.RepoRoot,
-		BuildOutput:   o.Log,
-		NetNS:         NetNSPath(nsName),
-		Address:       ControlPlaneAddr().Addr().String(),
-		APIServerPort: APIServerPort,
-		Detach:        true,
+		Dir:                dir,
+		KeepDir:            true,
+		BinDir:             o.ControlPlaneDir,
+		RepoRoot:           o.RepoRoot,
+		BuildOutput:        o.Log,
+		NetNS:              NetNSPath(nsName),
+		Address:            ControlPlaneAddr().Addr().String(),
+		APIServerPort:      APIServerPort,
+		Detach:             true,
+		ExtraAPIServerArgs: apiServerArgs(ca, cert, key),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)
@@ -81,22 +83,28 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options) (*co
 	if err := c.WriteKubeconfig(s.ControlPlane.Kubeconfig, ""); err != nil {
 		return nil, err
 	}
-	if err := c.InstallCRDs(ctx); err != nil {
-		return nil, fmt.Errorf("installing tabby's CRDs and policies: %w", err)
-	}
-	base := filepath.Join(c.RepoRoot, "deploy", "base")
-	if err := cluster.ApplyManifests(ctx, c.RESTConfig(), filepath.Join(base, "namespace.yaml"), filepath.Join(base, "rbac.yaml")); err != nil {
-		return nil, fmt.Errorf("applying tabby's namespace and RBAC: %w", err)
-	}
-	// tabbyd renews its heartbeat Lease in tabby's namespace, and the
-	// extender filters out nodes without one: it must exist before either.
 	if cp.cs, err = kubernetes.NewForConfig(c.RESTConfig()); err != nil {
 		return nil, err
 	}
-	if _, err := cp.cs.CoreV1().Namespaces().Get(ctx, tabbyNamespace, metav1.GetOptions{}); err != nil {
-		return nil, fmt.Errorf("tabby's namespace %s after applying deploy/base/namespace.yaml: %w", tabbyNamespace, err)
+	if err := startForward(s, c, o.APIPort); err != nil {
+		return nil, err
 	}
-	o.progress("control plane: tabby's CRDs, admission policies, namespace %s and RBAC installed", tabbyNamespace)
+	o.progress("forward: %s on the host's loopback -> %s (admin kubeconfig %s)", s.Forward.Address, s.ControlPlane.Server, s.Kubeconfig)
+	if err := installTabby(ctx, s, tabbyImage, o.TabbydArgs); err != nil {
+		return nil, err
+	}
+	encap := ""
+	if s.Subnets > 1 && s.PodCIDR != "" {
+		encap = ", the default pool VXLAN CrossSubnet, as the nodes are on 2 subnets"
+	}
+	o.progress("tabby: kubectl apply of deploy/tabby.yaml (rendered with image %s and pod CIDR %q%s)", tabbyImage, s.PodCIDR, encap)
+	if err := installAddons(ctx, s); err != nil {
+		return nil, err
+	}
+	o.progress("add-ons: kubectl apply of kube-proxy (DaemonSet) and CoreDNS (Deployment, Service kube-dns %s)", ClusterDNS)
+	if err := waitTabbyAPI(ctx, cp.cs); err != nil {
+		return nil, err
+	}
 	url, err := startExtender(ctx, s, c, s.Binaries.Extender)
 	if err != nil {
 		return nil, err
@@ -111,29 +119,39 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options) (*co
 	if _, err := c.StartScheduler(ctx, cluster.SchedulerOptions{Config: schedConfig}); err != nil {
 		return nil, err
 	}
-	if _, err := c.StartControllerManager(ctx, cluster.ControllerManagerOptions{}); err != nil {
+	if _, err := c.StartControllerManager(ctx, cluster.ControllerManagerOptions{Controllers: "*"}); err != nil {
 		return nil, err
 	}
 	if err := recordControlPlane(s, c, nsName); err != nil {
 		return nil, err
 	}
-	o.progress("control plane: %s at %s, kube-scheduler with %s pointed at it, kube-controller-manager (controllers %s) running",
-		ExtenderName, url, SchedulerConfigFile, cluster.DefaultControllers)
-	if s.PodCIDR != "" {
-		if err := createPool(ctx, c.RESTConfig(), s.PodCIDR); err != nil {
-			return nil, err
-		}
-		o.progress("IPPool %s: %s", DefaultPoolName, s.PodCIDR)
-	}
-	if cp.cni, err = serviceAccountToken(ctx, cp.cs, cniTokenSecret, cniAccount, false); err != nil {
-		return nil, err
-	}
-	if o.TabbydAdmin {
-		cp.node = credentials{token: []byte(c.Token), ca: c.CAData()}
-	} else if cp.node, err = serviceAccountToken(ctx, cp.cs, nodeTokenSecret, nodeAccount, true); err != nil {
-		return nil, err
-	}
+	o.progress("control plane: %s at %s, kube-scheduler with %s pointed at it, kube-controller-manager (every controller) running",
+		ExtenderName, url, SchedulerConfigFile)
 	return cp, nil
+}
+
+// waitTabbyAPI waits until the API server serves every kind of tabby.io/v1
+// that deploy/tabby.yaml defines (the extender lists them at start).
+func waitTabbyAPI(ctx context.Context, cs kubernetes.Interface) error {
+	want := []string{"ippools", "ipamblocks", "blockaffinities", "ipamhandles", "ipamconfigurations", "bgpconfigurations", "bgppeers"}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return poll(wctx, 100*time.Millisecond, func() error {
+		rl, err := cs.Discovery().ServerResourcesForGroupVersion(tabbyv1.SchemeGroupVersion.String())
+		if err != nil {
+			return err
+		}
+		have := map[string]bool{}
+		for _, r := range rl.APIResources {
+			have[r.Name] = true
+		}
+		for _, w := range want {
+			if !have[w] {
+				return fmt.Errorf("%s of %s is not served yet", w, tabbyv1.SchemeGroupVersion)
+			}
+		}
+		return nil
+	})
 }
 
 // recordControlPlane saves the control plane's address and processes.
@@ -158,74 +176,6 @@ func recordControlPlane(s *State, c *cluster.Cluster, nsName string) error {
 			Procs:      procs,
 		}
 	})
-}
-
-// createPool creates the default IPPool (as deploy/base/ippool.yaml does,
-// with the lab's CIDR); one that exists is kept.
-func createPool(ctx context.Context, cfg *rest.Config, cidr string) error {
-	ds, err := datastore.New(cfg)
-	if err != nil {
-		return err
-	}
-	pool := &tabbyv1.IPPool{
-		ObjectMeta: metav1.ObjectMeta{Name: DefaultPoolName},
-		Spec:       tabbyv1.IPPoolSpec{CIDR: cidr, BlockSize: tabbyv1.DefaultBlockSizeV4, NATOutgoing: true},
-	}
-	if _, err := ds.IPPools.Create(ctx, pool, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating IPPool %s (%s): %w", DefaultPoolName, cidr, err)
-	}
-	return nil
-}
-
-// serviceAccountToken waits until kube-controller-manager has filled in the
-// token Secret name of account (creating the Secret first with create) and
-// returns its token and CA bundle.
-func serviceAccountToken(ctx context.Context, cs kubernetes.Interface, name, account string, create bool) (credentials, error) {
-	secrets := cs.CoreV1().Secrets(tabbyNamespace)
-	if create {
-		_, err := secrets.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:        name,
-				Namespace:   tabbyNamespace,
-				Annotations: map[string]string{corev1.ServiceAccountNameKey: account},
-			},
-			Type: corev1.SecretTypeServiceAccountToken,
-		}, metav1.CreateOptions{})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			return credentials{}, fmt.Errorf("creating the token Secret %s/%s: %w", tabbyNamespace, name, err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var last error
-	for {
-		sec, err := secrets.Get(ctx, name, metav1.GetOptions{})
-		if err == nil && len(sec.Data[corev1.ServiceAccountTokenKey]) > 0 && len(sec.Data[corev1.ServiceAccountRootCAKey]) > 0 {
-			return credentials{token: sec.Data[corev1.ServiceAccountTokenKey], ca: sec.Data[corev1.ServiceAccountRootCAKey]}, nil
-		}
-		if err == nil {
-			err = fmt.Errorf("no token yet")
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return credentials{}, fmt.Errorf("waiting for kube-controller-manager to fill in the token of %s/%s (service account %s): %v", tabbyNamespace, name, account, last)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-// writeKubeconfig writes a kubeconfig naming server with a bearer token.
-func writeKubeconfig(path, server, user string, cred credentials) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["lab"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: cred.ca}
-	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: string(cred.token)}
-	cfg.Contexts["lab"] = &clientcmdapi.Context{Cluster: "lab", AuthInfo: user}
-	cfg.CurrentContext = "lab"
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		return fmt.Errorf("writing kubeconfig %s: %w", path, err)
-	}
-	return nil
 }
 
 // RESTConfig is an admin client configuration of the lab's API server for

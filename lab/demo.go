@@ -30,7 +30,8 @@ const DemoPort = 8080
 
 // DemoOptions configure Demo.
 type DemoOptions struct {
-	// PodsPerNode is how many netexec pods each node runs (default 2).
+	// PodsPerNode is how many web pods (agnhost serve-hostname) each
+	// node runs (default 2).
 	PodsPerNode int
 	// Timeout bounds the wait for the pods (default 1 minute).
 	Timeout time.Duration
@@ -41,8 +42,8 @@ type DemoOptions struct {
 // DemoProbe is one probe of the demo's matrix.
 type DemoProbe struct {
 	From, To string
-	// TCP: a connection to the target's netexec server answered with its
-	// name; ICMP: one ping answered.
+	// TCP: a connection to the target's server answered with its name;
+	// ICMP: one ping answered.
 	TCP, ICMP     bool
 	TCPErr, Error string
 }
@@ -50,7 +51,7 @@ type DemoProbe struct {
 // OK says both probes passed.
 func (p DemoProbe) OK() bool { return p.TCP && p.ICMP }
 
-// Demo runs the lab's main job on a lab that is up: netexec pods on every
+// Demo runs the lab's main job on a lab that is up: web pods on every
 // node (created, or kept from an earlier run), their addresses and nodes,
 // how kube-scheduler placed them through tabby-scheduler-extender (with
 // one more pod placed by a pod-affinity rule only the extender decides), a
@@ -87,21 +88,32 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 			}
 		}
 	}
-	fmt.Fprintf(o.Out, "\nPods: %d netexec servers (TCP and UDP %d) spread over %d nodes, placed by kube-scheduler with %s and wired by the tabby CNI plugin\n",
-		len(names), DemoPort, len(s.Nodes), ExtenderName)
+	fmt.Fprintf(o.Out, "\nPods: %d web servers (%s serve-hostname, TCP and UDP %d) spread over %d nodes, placed by kube-scheduler with %s and wired by the tabby CNI plugin\n",
+		len(names), AgnhostImage, DemoPort, len(s.Nodes), ExtenderName)
 	pods, err = waitDemoPods(ctx, cs, names, o.Timeout)
 	if err != nil {
 		return err
 	}
+	nsPaths := make([]string, len(pods))
 	tw := tabwriter.NewWriter(o.Out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tNODE\tIP\tNETNS")
-	for _, p := range pods {
-		fmt.Fprintf(tw, "default/%s\t%s\t%s\t%s\n", p.Name, p.Spec.NodeName, p.Status.PodIP, p.Annotations[AnnotationNetNS])
+	fmt.Fprintln(tw, "POD\tNODE\tIP\tCONTAINER")
+	for i, p := range pods {
+		if nsPaths[i], err = PodNetNS(ctx, s, p.Namespace+"/"+p.Name); err != nil {
+			return err
+		}
+		cid := ""
+		if len(p.Status.ContainerStatuses) > 0 {
+			cid = p.Status.ContainerStatuses[0].ContainerID
+			if len(cid) > 25 {
+				cid = cid[:25]
+			}
+		}
+		fmt.Fprintf(tw, "default/%s\t%s\t%s\t%s\n", p.Name, p.Spec.NodeName, p.Status.PodIP, cid)
 	}
 	_ = tw.Flush()
 	placementErr := demoPlacement(ctx, cs, s, o, pods)
 
-	probes := demoMatrix(ctx, pods)
+	probes := demoMatrix(ctx, pods, nsPaths)
 	fmt.Fprintf(o.Out, "\nConnectivity, from each pod (rows) to each pod (columns): ok = TCP to its server and ping both answered\n")
 	printMatrix(o.Out, pods, func(i, j int) string {
 		pr := probes[i*len(pods)+j]
@@ -129,9 +141,11 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 		fmt.Fprintf(o.Out, "  %s\n", f)
 	}
 
+	serviceErr := demoService(ctx, cs, s, o, pods)
+
 	var policyErr error
 	if failed == 0 {
-		policyErr = demoPolicy(ctx, cs, o, pods)
+		policyErr = demoPolicy(ctx, cs, o, pods, nsPaths)
 	} else {
 		fmt.Fprintf(o.Out, "\n(no NetworkPolicy demonstration: the pods do not all reach each other without one)\n")
 	}
@@ -153,7 +167,7 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 	if failed > 0 {
 		errs = append(errs, fmt.Errorf("%d of %d probes failed: see tabbyctl lab status and the logs in %s", failed, len(probes), s.Dir))
 	}
-	errs = append(errs, placementErr, policyErr)
+	errs = append(errs, placementErr, serviceErr, policyErr)
 	return errors.Join(errs...)
 }
 
@@ -200,26 +214,34 @@ func demoLabels(name string) map[string]string {
 	return map[string]string{demoAppLabel: demoApp, demoPodLabel: name}
 }
 
-// createDemoPod creates a netexec pod on node (by its hostname label: the
-// scheduler places it), unless it exists; one kept from an earlier demo
-// gets the labels it lacks.
-func createDemoPod(ctx context.Context, cs kubernetes.Interface, s *State, name, node string) error {
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault, Labels: demoLabels(name)},
+// WebPod is a pod of agnhost serve-hostname: every TCP connection to port
+// and every UDP datagram is answered with its hostname (its name), as
+// Kubernetes' e2e tests use it; Ready once its TCP port answers.
+func WebPod(namespace, name string, port int32) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{corev1.LabelHostname: node},
 			Containers: []corev1.Container{{
-				Name: "netexec", Image: "lab",
-				Command: []string{s.Binaries.Tabbyctl, "lab", "netexec", "--tcp", strconv.Itoa(DemoPort), "--udp", strconv.Itoa(DemoPort)},
-				Ports:   []corev1.ContainerPort{{Name: "web", ContainerPort: DemoPort}},
+				Name: "web", Image: AgnhostImage,
+				Args:  []string{"serve-hostname", "--tcp", "--udp", "--http=false", "--port", strconv.Itoa(int(port))},
+				Ports: []corev1.ContainerPort{{Name: "web", ContainerPort: port}, {Name: "web-udp", ContainerPort: port, Protocol: corev1.ProtocolUDP}},
 				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(DemoPort)}},
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}},
 					PeriodSeconds: 1,
 				},
 			}},
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
 		},
 	}
+}
+
+// createDemoPod creates a web pod on node (by its hostname label: the
+// scheduler places it), unless it exists; one kept from an earlier demo
+// gets the labels it lacks.
+func createDemoPod(ctx context.Context, cs kubernetes.Interface, s *State, name, node string) error {
+	p := WebPod(metav1.NamespaceDefault, name, DemoPort)
+	p.Labels = demoLabels(name)
+	p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	return createOrLabel(ctx, cs, p)
 }
 
@@ -252,7 +274,7 @@ func waitDemoPods(ctx context.Context, cs kubernetes.Interface, names []string, 
 			for _, c := range p.Status.Conditions {
 				ready = ready || (c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue)
 			}
-			if !ready || p.Status.PodIP == "" || p.Annotations[AnnotationNetNS] == "" {
+			if !ready || p.Status.PodIP == "" {
 				return fmt.Errorf("pod %s is %s, not Ready yet", name, p.Status.Phase)
 			}
 			out[i] = p
@@ -266,7 +288,7 @@ func waitDemoPods(ctx context.Context, cs kubernetes.Interface, names []string, 
 }
 
 // demoMatrix probes from every pod to every pod, a few at a time.
-func demoMatrix(ctx context.Context, pods []*corev1.Pod) []DemoProbe {
+func demoMatrix(ctx context.Context, pods []*corev1.Pod, nsPaths []string) []DemoProbe {
 	out := make([]DemoProbe, len(pods)*len(pods))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 8)
@@ -275,7 +297,7 @@ func demoMatrix(ctx context.Context, pods []*corev1.Pod) []DemoProbe {
 			wg.Go(func() {
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				out[i*len(pods)+j] = probePods(ctx, from, to)
+				out[i*len(pods)+j] = probePods(ctx, from, to, nsPaths[i])
 			})
 		}
 	}
@@ -283,11 +305,10 @@ func demoMatrix(ctx context.Context, pods []*corev1.Pod) []DemoProbe {
 	return out
 }
 
-// probePods connects from inside pod from to the netexec server of pod
-// to, and pings it.
-func probePods(ctx context.Context, from, to *corev1.Pod) DemoProbe {
+// probePods connects from inside pod from (its network namespace nsPath)
+// to the server of pod to, and pings it.
+func probePods(ctx context.Context, from, to *corev1.Pod, nsPath string) DemoProbe {
 	pr := DemoProbe{From: from.Name, To: to.Name}
-	nsPath := from.Annotations[AnnotationNetNS]
 	addr := to.Status.PodIP + ":" + strconv.Itoa(DemoPort)
 	var answer string
 	err := cluster.InNetNS(nsPath, func() error {
@@ -340,8 +361,11 @@ func demoUsage(w io.Writer, s *State, pods []*corev1.Pod) {
 		kubectl + " get ippools,ipamblocks,bgppeers",
 		"# nodes, processes, BGP peers and pods",
 		labCmd + " status",
-		"# run a command inside a pod",
+		"# run a command in a pod's container, or a host program in its network namespace",
+		kubectl + " exec " + strings.TrimPrefix(from, "default/") + " -- nc -w 2 " + demoServiceName + " 80",
 		labCmd + " exec " + from + " -- ping -c 3 " + target,
+		"# import an image (docker save, ctr export) into every node: nodes cannot pull",
+		labCmd + " load my-image.tar",
 		"# a node's BGP peers, as its tabbyd sees them",
 		"ip netns exec " + node.NetNS + " " + tabbyctl + " node status",
 		"# the demo's pods; kubectl apply a NetworkPolicy and every node's tabbyd enforces it",
@@ -359,4 +383,50 @@ func demoUsage(w io.Writer, s *State, pods []*corev1.Pod) {
 	for _, l := range lines {
 		fmt.Fprintf(w, "  %s\n", l)
 	}
+}
+
+// demoServiceName names the demo's Service, in front of its last pod.
+const demoServiceName = "lab-demo"
+
+// demoService puts a ClusterIP Service in front of the last pod and asks
+// it, by name, from inside the first pod's container (kubectl exec: the
+// API server, the kubelet, the pod's resolv.conf, CoreDNS, kube-proxy's
+// rules, tabby's routes to the other node).
+func demoService(ctx context.Context, cs kubernetes.Interface, s *State, o DemoOptions, pods []*corev1.Pod) error {
+	from, to := pods[0], pods[len(pods)-1]
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: demoServiceName, Namespace: metav1.NamespaceDefault, Labels: map[string]string{demoAppLabel: demoApp}},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{demoPodLabel: to.Name},
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(DemoPort)}},
+		},
+	}
+	if _, err := cs.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("creating Service %s: %w", demoServiceName, err)
+	}
+	got, err := cs.CoreV1().Services(svc.Namespace).Get(ctx, demoServiceName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	name := demoServiceName + "." + svc.Namespace + ".svc." + ClusterDomain
+	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	var answer string
+	err = poll(wctx, 500*time.Millisecond, func() error {
+		out, err := s.kubectl(wctx, nil, "exec", "-n", from.Namespace, from.Name, "--", "nc", "-w", "2", name, "80")
+		if err != nil {
+			return err
+		}
+		if answer = strings.TrimSpace(out); answer != to.Name {
+			return fmt.Errorf("%s answered %q", name, answer)
+		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(o.Out, "\nService default/%s (ClusterIP %s): NOT reached by name from %s: %v\n", demoServiceName, got.Spec.ClusterIP, from.Name, err)
+		return fmt.Errorf("reaching Service %s by name: %w", demoServiceName, err)
+	}
+	fmt.Fprintf(o.Out, "\nService default/%s (ClusterIP %s) by name from %s (%s): %s answered %s (%s), through CoreDNS and kube-proxy\n",
+		demoServiceName, got.Spec.ClusterIP, from.Name, from.Spec.NodeName, name, answer, to.Spec.NodeName)
+	return nil
 }

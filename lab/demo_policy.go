@@ -20,7 +20,7 @@ import (
 // with tabby's configuration, in which the extender alone decides node
 // affinity (the pods' nodeSelectors), taints, pod (anti-)affinity and
 // topology spread. One more pod, near-<last pod>, asks for the node of the
-// last netexec pod by required pod affinity; it must land there.
+// last web pod by required pod affinity; it must land there.
 func demoPlacement(ctx context.Context, cs kubernetes.Interface, s *State, o DemoOptions, pods []*corev1.Pod) error {
 	target := pods[len(pods)-1]
 	name := "near-" + target.Name
@@ -33,7 +33,7 @@ func demoPlacement(ctx context.Context, cs kubernetes.Interface, s *State, o Dem
 					TopologyKey:   corev1.LabelHostname,
 				}},
 			}},
-			Containers:                    []corev1.Container{{Name: "sleep", Image: "lab", Command: []string{"sleep", "infinity"}}},
+			Containers:                    []corev1.Container{{Name: "pause", Image: AgnhostImage, Args: []string{"pause"}}},
 			TerminationGracePeriodSeconds: ptr.To[int64](1),
 		},
 	}
@@ -149,10 +149,10 @@ func policyWant(x, y, from, to string) string {
 
 // waitMatrix probes the matrix until every cell is as want says or d has
 // passed, and returns the last probes and the cells that differ.
-func waitMatrix(ctx context.Context, pods []*corev1.Pod, want func(from, to string) string, d time.Duration) ([]DemoProbe, []string) {
+func waitMatrix(ctx context.Context, pods []*corev1.Pod, nsPaths []string, want func(from, to string) string, d time.Duration) ([]DemoProbe, []string) {
 	deadline := time.Now().Add(d)
 	for {
-		probes := demoMatrix(ctx, pods)
+		probes := demoMatrix(ctx, pods, nsPaths)
 		var wrong []string
 		for _, pr := range probes {
 			if got, w := cellOf(pr), want(pr.From, pr.To); got != w {
@@ -170,7 +170,7 @@ func waitMatrix(ctx context.Context, pods []*corev1.Pod, want func(from, to stri
 // last one (TCP DemoPort), prints the matrix under it (waiting until the
 // nodes' tabbyd enforce it), deletes it and waits until every pair
 // reaches each other again.
-func demoPolicy(ctx context.Context, cs kubernetes.Interface, o DemoOptions, pods []*corev1.Pod) (err error) {
+func demoPolicy(ctx context.Context, cs kubernetes.Interface, o DemoOptions, pods []*corev1.Pod, nsPaths []string) (err error) {
 	if len(pods) < 3 {
 		fmt.Fprintf(o.Out, "\n(no NetworkPolicy demonstration: it needs 3 pods or more)\n")
 		return nil
@@ -214,7 +214,7 @@ func demoPolicy(ctx context.Context, cs kubernetes.Interface, o DemoOptions, pod
 	fmt.Fprintf(o.Out, "  podSelector: {%s: %s}  policyTypes: [Ingress]\n", demoPodLabel, y.Name)
 	fmt.Fprintf(o.Out, "  ingress: [{from: [{podSelector: {%s: %s}}], ports: [{protocol: TCP, port: %d}]}]\n", demoPodLabel, x.Name, DemoPort)
 	want := func(from, to string) string { return policyWant(x.Name, y.Name, from, to) }
-	probes, wrong := waitMatrix(ctx, pods, want, 30*time.Second)
+	probes, wrong := waitMatrix(ctx, pods, nsPaths, want, 30*time.Second)
 	fmt.Fprintf(o.Out, "Connectivity under the policy: ok = TCP and ping answered, tcp = TCP only (ping dropped), deny = both dropped by the policy; ! = not what the policy says\n")
 	printMatrix(o.Out, pods, func(i, j int) string {
 		pr := probes[i*len(pods)+j]
@@ -243,7 +243,7 @@ func demoPolicy(ctx context.Context, cs kubernetes.Interface, o DemoOptions, pod
 	if err := deletePolicy(ctx); err != nil {
 		return err
 	}
-	probes, wrong = waitMatrix(ctx, pods, func(string, string) string { return cellOK }, 30*time.Second)
+	probes, wrong = waitMatrix(ctx, pods, nsPaths, func(string, string) string { return cellOK }, 30*time.Second)
 	if len(wrong) > 0 {
 		for _, w := range wrong {
 			fmt.Fprintf(o.Out, "  %s\n", strings.TrimSpace(w))

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -128,13 +129,16 @@ func down(ctx context.Context, st *State, name, dir string, log io.Writer) error
 		fmt.Fprintf(log, "removed %d network namespaces\n", len(names))
 	}
 
-	if st != nil {
-		for _, f := range st.LockFiles {
-			removeUnlocked(f)
+	// The nodes' cgroups, with whatever their kubelets made below them
+	// (a process still in one is killed first).
+	roots := labCgroupRoots(name)
+	for _, r := range roots {
+		if err := removeCgroupRoot(r); err != nil {
+			errs = append(errs, err)
 		}
-		if !st.LockDirExisted && st.LockDir != "" {
-			_ = os.Remove(st.LockDir) // only when empty
-		}
+	}
+	if len(roots) > 0 {
+		fmt.Fprintf(log, "removed the cgroups of %d nodes\n", len(roots))
 	}
 
 	_, statErr := os.Stat(dir)
@@ -179,7 +183,15 @@ func labProcs(st *State, prefix, dir string) (procs, cp []Proc) {
 		add(&procs, st.Forward.Proc)
 		for _, n := range st.Nodes {
 			add(&procs, n.Kubelet)
-			add(&procs, n.Tabbyd)
+			add(&procs, n.Containerd)
+			add(&procs, n.Root)
+		}
+	}
+	// Pods' processes live in namespaces of their own, below the nodes'
+	// cgroup roots.
+	for _, r := range labCgroupRoots(strings.TrimSuffix(strings.TrimPrefix(prefix, "tabby-"), "-")) {
+		for _, p := range cgroupProcs(r) {
+			add(&procs, p)
 		}
 	}
 	inodes := map[uint64]bool{}
@@ -198,9 +210,9 @@ func labProcs(st *State, prefix, dir string) (procs, cp []Proc) {
 }
 
 // isLabCommand reports whether args are those of a `tabbyctl lab forward`
-// or `lab kubelet` of the lab in dir.
+// or `lab node-root` of the lab in dir.
 func isLabCommand(args []string, dir string) bool {
-	if len(args) < 4 || args[0] != "lab" || (args[1] != "forward" && args[1] != "kubelet") {
+	if len(args) < 4 || args[0] != "lab" || (args[1] != "forward" && args[1] != "node-root") {
 		return false
 	}
 	for i := 2; i+1 < len(args); i++ {
@@ -219,20 +231,8 @@ func pids(procs []Proc) []int {
 	return out
 }
 
-// removeUnlocked removes a lock file nobody holds.
-func removeUnlocked(path string) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
-		_ = os.Remove(path)
-	}
-}
-
 // labEntries are what the lab writes into its folder.
-var labEntries = []string{StateFile, "cp", "nodes", "cni", "image", "forward.log", "admin.kubeconfig"}
+var labEntries = []string{StateFile, "cp", "nodes", "pki", "manifests", "forward.log", "admin.kubeconfig"}
 
 // removeFiles removes the lab's folder when the lab made it, else what is
 // in it (it was empty before). Without a state only what the lab writes is

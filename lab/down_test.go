@@ -16,8 +16,10 @@ import (
 
 // leftovers makes what a lab that crashed half-way leaves: a state naming
 // a namespace with links in it, a pod namespace it never recorded, a
-// recorded process and an unrecorded one inside the namespaces, a lock
-// file. It returns the state and the processes.
+// recorded process and an unrecorded one inside the namespaces, a node's
+// cgroup root with a pod's cgroup below it and a process in it (found
+// only by the cgroup: its namespace is the host's). It returns the state
+// and the processes.
 func leftovers(t *testing.T) (*State, []Proc) {
 	t.Helper()
 	requireRoot(t)
@@ -31,15 +33,12 @@ func leftovers(t *testing.T) (*State, []Proc) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	lock := filepath.Join(t.TempDir(), "locks", "ipam-node1.lock")
-	if err := os.MkdirAll(filepath.Dir(lock), 0o755); err != nil {
+	root := cgroupRootName(name, "node1")
+	t.Cleanup(func() { _ = removeCgroupRoot(root) })
+	if err := makeCgroupRoot(root); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(lock, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	st := &State{Version: stateVersion, Name: name, Dir: dir, CreatedDir: true,
-		LockFiles: []string{lock}, LockDir: filepath.Dir(lock), LockDirExisted: false}
+	st := &State{Version: stateVersion, Name: name, Dir: dir, CreatedDir: true}
 	if err := st.update(func(*State) {}); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +64,26 @@ func leftovers(t *testing.T) (*State, []Proc) {
 		procs = append(procs, p)
 		waitInNetNS(t, p.Pid, NetNSPath(ns))
 	}
-	if err := st.update(func(s *State) { s.Nodes = []Node{{Name: "node1", NetNS: node, Kubelet: procs[0]}} }); err != nil {
+	// A pod's process: in a cgroup below the node's root, nowhere else.
+	p, _, err := startDetached(procSpec{name: "sleep", path: "/bin/sleep", args: []string{"600"}, log: filepath.Join(dir, "nodes", "node1", "pod.log")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs = append(procs, p)
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	podCgroup := filepath.Join(hs[0], root, "kubepods", "podtest")
+	if err := os.MkdirAll(podCgroup, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(podCgroup, "cgroup.procs"), []byte(fmt.Sprint(p.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.update(func(s *State) {
+		s.Nodes = []Node{{Name: "node1", NetNS: node, Kubelet: procs[0], CgroupRoot: root}}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	return st, procs
@@ -91,9 +109,9 @@ func waitInNetNS(t *testing.T, pid int, nsPath string) {
 	}
 }
 
-// checkGone fails unless the lab's namespaces, processes and folder are
-// gone, and with withState its lock file and lock folder too.
-func checkGone(t *testing.T, st *State, procs []Proc, withState bool) {
+// checkGone fails unless the lab's namespaces, processes, cgroups and
+// folder are gone.
+func checkGone(t *testing.T, st *State, procs []Proc) {
 	t.Helper()
 	if left := listNetNS(st.Prefix()); len(left) > 0 {
 		t.Errorf("namespaces left: %v", left)
@@ -102,8 +120,9 @@ func checkGone(t *testing.T, st *State, procs []Proc, withState bool) {
 		t.Errorf("processes left: %v", pids(left))
 	}
 	gone := []string{st.Dir}
-	if withState {
-		gone = append(gone, st.LockFiles[0], st.LockDir)
+	hs, _ := cgroupHierarchies()
+	for _, h := range hs {
+		gone = append(gone, filepath.Join(h, cgroupRootName(st.Name, "node1")))
 	}
 	for _, path := range gone {
 		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
@@ -121,7 +140,7 @@ func TestDownRemovesACrashedLab(t *testing.T) {
 	if err := Down(context.Background(), DownOptions{Dir: st.Dir}); err != nil {
 		t.Fatal(err)
 	}
-	checkGone(t, st, procs, true)
+	checkGone(t, st, procs)
 	// Again: nothing to do, no error.
 	if err := Down(context.Background(), DownOptions{Dir: st.Dir, Name: st.Name}); err != nil {
 		t.Errorf("a second down: %v", err)
@@ -141,5 +160,5 @@ func TestDownWithoutState(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Found by the namespaces' names and a scan of /proc alone.
-	checkGone(t, st, procs, false)
+	checkGone(t, st, procs)
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -28,9 +31,10 @@ func ParsePodRef(ref string) (namespace, name string, err error) {
 }
 
 // PodNetNS finds the network namespace of a pod of the lab (ref is
-// NAMESPACE/NAME or NAME): the path the lab kubelet wrote into the pod's
-// AnnotationNetNS, or, when the API server does not answer, the one in
-// the kubelets' state.
+// NAMESPACE/NAME or NAME): /proc/PID/ns/net of a process of the pod, found
+// in the pod's cgroup below its node's cgroup root (the pod's UID names
+// it). When the API server does not answer, the pod's UID comes from the
+// kubelets' pod log folders (/var/log/pods/NAMESPACE_NAME_UID).
 func PodNetNS(ctx context.Context, s *State, ref string) (string, error) {
 	namespace, name, err := ParsePodRef(ref)
 	if err != nil {
@@ -50,20 +54,86 @@ func PodNetNS(ctx context.Context, s *State, ref string) (string, error) {
 	case apierrors.IsNotFound(err):
 		return "", fmt.Errorf("pod %s/%s: %w", namespace, name, errNoSuchPod)
 	case err != nil:
-		ps, derr := podStateOnDisk(s, namespace, name)
-		if derr != nil {
-			return "", fmt.Errorf("asking the API server for pod %s/%s: %w (and the kubelets do not know it either)", namespace, name, err)
+		for i := range s.Nodes {
+			n := &s.Nodes[i]
+			matches, _ := filepath.Glob(filepath.Join(n.fsDir(), "var-log-pods", namespace+"_"+name+"_*"))
+			for _, m := range matches {
+				uid := strings.TrimPrefix(filepath.Base(m), namespace+"_"+name+"_")
+				if path, perr := podNetNSPath(n, uid); perr == nil {
+					return path, nil
+				}
+			}
 		}
-		return ps.NetNSPath, nil
+		return "", fmt.Errorf("asking the API server for pod %s/%s: %w (and no node runs it)", namespace, name, err)
 	}
-	path := pod.Annotations[AnnotationNetNS]
-	if path == "" {
-		return "", fmt.Errorf("pod %s/%s has no network namespace yet (phase %s, node %q): wait until it is Running", namespace, name, pod.Status.Phase, pod.Spec.NodeName)
+	n, err := s.Node(pod.Spec.NodeName)
+	if err != nil {
+		return "", fmt.Errorf("pod %s/%s is not on a node of the lab yet (phase %s, node %q): wait until it is Running", namespace, name, pod.Status.Phase, pod.Spec.NodeName)
 	}
-	if _, err := os.Stat(path); err != nil {
-		return "", fmt.Errorf("pod %s/%s: its network namespace %s is gone (phase %s)", namespace, name, path, pod.Status.Phase)
+	path, err := podNetNSPath(n, string(pod.UID))
+	if err != nil {
+		return "", fmt.Errorf("pod %s/%s (phase %s) on %s: %w", namespace, name, pod.Status.Phase, n.Name, err)
 	}
 	return path, nil
+}
+
+// podNetNSPath is /proc/PID/ns/net of a process in the cgroup of the pod
+// with uid on node n (kubelet's cgroupfs layout: ROOT/kubepods[/QOS]/podUID/CONTAINER).
+func podNetNSPath(n *Node, uid string) (string, error) {
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		return "", err
+	}
+	want := "pod" + uid
+	for _, h := range hs {
+		var podDir string
+		_ = filepath.WalkDir(filepath.Join(h, n.CgroupRoot), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			if d.Name() == want {
+				podDir = path
+				return filepath.SkipAll
+			}
+			return nil
+		})
+		if podDir == "" {
+			continue
+		}
+		var pids []int
+		_ = filepath.WalkDir(podDir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			data, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+		// The sandbox's pause lives as long as the pod: its namespace
+		// file stays valid while containers restart.
+		slices.SortStableFunc(pids, func(a, b int) int {
+			pa, pb := comm(a) == "pause", comm(b) == "pause"
+			switch {
+			case pa && !pb:
+				return -1
+			case pb && !pa:
+				return 1
+			}
+			return 0
+		})
+		for _, pid := range pids {
+			path := "/proc/" + strconv.Itoa(pid) + "/ns/net"
+			if _, err := os.Stat(path); err == nil {
+				return path, nil
+			}
+		}
+		return "", errors.New("its cgroup holds no process: it has no network namespace now (not started, or ended)")
+	}
+	return "", errors.New("its node runs no cgroup for it (not started yet, or gone)")
 }
 
 // Exec replaces this program with argv run inside the pod's network
@@ -87,16 +157,25 @@ func Exec(ctx context.Context, s *State, ref string, argv []string) error {
 // errNoSuchPod is returned by PodNetNS for a pod the lab does not run.
 var errNoSuchPod = errors.New("no such pod")
 
-// podStateOnDisk finds a pod's state in the kubelets' folders of the lab
-// (for lab exec when the API server does not answer).
-func podStateOnDisk(s *State, namespace, name string) (*podState, error) {
-	for _, n := range s.Nodes {
-		matches, _ := filepath.Glob(filepath.Join(n.Dir, "pods", namespace+"_"+name+"_*"))
-		for _, m := range matches {
-			if ps, err := readPodState(m); err == nil && ps.Namespace == namespace && ps.Name == name {
-				return ps, nil
-			}
+// NodeProcess finds the process named comm (its /proc/PID/comm) running in
+// node n's network namespace: a hostNetwork container's program, such as
+// the tabbyd of the node's tabby-node pod.
+func NodeProcess(n *Node, comm string) (Proc, error) {
+	ino, err := netnsInode(NetNSPath(n.NetNS))
+	if err != nil {
+		return Proc{}, err
+	}
+	var found []Proc
+	for _, p := range procsInNetNS(map[uint64]bool{ino: true}) {
+		if p.Name == comm {
+			found = append(found, p)
 		}
 	}
-	return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, errNoSuchPod)
+	switch len(found) {
+	case 0:
+		return Proc{}, fmt.Errorf("no %s runs on %s", comm, n.Name)
+	case 1:
+		return found[0], nil
+	}
+	return Proc{}, fmt.Errorf("%d processes named %s run on %s: %v", len(found), comm, n.Name, pids(found))
 }

@@ -10,19 +10,21 @@
 //   - a control plane in tabby-<name>-cp on the underlay (etcd,
 //     kube-apiserver, tabby-scheduler-extender on the namespace's loopback,
 //     kube-scheduler with deploy/scheduler/kube-scheduler-config.yaml
-//     pointed at it, kube-controller-manager without its node-lifecycle
-//     controller), with tabby's CRDs, admission policies, namespace and
-//     RBAC from deploy/, and a default IPPool;
-//   - per node a namespace tabby-<name>-nodeN with eth0 on the underlay, its
-//     CNI config written by the real `tabbyctl install-cni`, and two detached
-//     processes started with nsenter --net: tabbyd and the lab kubelet
-//     (RunKubelet), which registers the Node and runs its pods as network
-//     namespaces wired by the CNI plugin through libcni.
+//     pointed at it, kube-controller-manager);
+//   - per node a network namespace tabby-<name>-nodeN with eth0 on the
+//     underlay and a mount namespace of its own (RunNodeRoot: its /run,
+//     kubelet's, containerd's and the CNI folders are the node's), a cgroup
+//     root of its own, and the real containerd (v2, or Debian's 1.6) with
+//     runc and the real kubelet, with the lab's images imported;
+//   - on that cluster, as users install them with kubectl: tabby from the
+//     repository's deploy/tabby.yaml (tabbyd as the tabby-node DaemonSet,
+//     install-cni writing each node's CNI config), kube-proxy and CoreDNS.
 //
 // The host's own namespace gets only a loopback port forward to the API
 // server (RunForward), for `lab kubeconfig`. Everything the lab made is
-// recorded in its folder (State) and found again by name prefix and by a
-// scan of /proc, so that Down removes it all, also after a crash.
+// recorded in its folder (State) and found again by name prefix, by the
+// nodes' cgroups and by a scan of /proc, so that Down removes it all, also
+// after a crash.
 package lab
 
 import (
@@ -52,13 +54,6 @@ const (
 	TabbydHealthPort = 9099
 	// NetNSDir is where named network namespaces are bound (ip netns).
 	NetNSDir = "/run/netns"
-	// AnnotationNetNS is the Pod annotation the lab kubelet writes: the
-	// path of the pod's network namespace (lab exec reads it).
-	AnnotationNetNS = "lab.tabby.io/netns"
-	// AnnotationSandboxID is the pod's CNI container ID (CNI_CONTAINERID;
-	// the tabby plugin's IPAM handle is k8s-pod-network.<ID>). Empty for
-	// hostNetwork pods.
-	AnnotationSandboxID = "lab.tabby.io/sandbox-id"
 	// MaxNodes bounds --nodes (node addresses are .11 to .210).
 	MaxNodes = 200
 	// MaxSubnets bounds --subnets.

@@ -7,17 +7,6 @@ import (
 	"testing"
 )
 
-// envShim makes the test binary act as `tabbyctl lab shim --exit-file
-// $envShim -- ARGS...`, so the shim is tested as the process it is.
-const envShim = "TABBY_LAB_TEST_SHIM"
-
-func TestMain(m *testing.M) {
-	if f := os.Getenv(envShim); f != "" {
-		os.Exit(RunShim(f, os.Args[1:]))
-	}
-	os.Exit(m.Run())
-}
-
 // requireRoot fails a test that needs root (namespaces) when not root.
 func requireRoot(t *testing.T) {
 	t.Helper()

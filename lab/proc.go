@@ -128,8 +128,11 @@ type procSpec struct {
 	// execs it (same pid) without the remount of /sys that ip netns exec
 	// does.
 	netns string
-	path  string
-	args  []string
+	// mountns is the path of the mount namespace to run in ("": this
+	// program's), entered with nsenter --mount too.
+	mountns string
+	path    string
+	args    []string
 	// env is the environment (nil: this program's).
 	env []string
 	dir string
@@ -147,7 +150,7 @@ func startDetached(s procSpec) (p Proc, done <-chan struct{}, err error) {
 		return Proc{}, nil, err
 	}
 	cp, err := cluster.Spawn(s.name, s.path, s.log, cluster.SpawnOptions{
-		NetNS: s.netns, Detach: true, Env: s.env, Dir: s.dir, ExtraFiles: s.extraFiles,
+		NetNS: s.netns, MountNS: s.mountns, Detach: true, Env: s.env, Dir: s.dir, ExtraFiles: s.extraFiles,
 	}, s.args...)
 	if err != nil {
 		return Proc{}, nil, err

@@ -17,7 +17,7 @@ import (
 const StateFile = "state.json"
 
 // stateVersion changes when State changes incompatibly.
-const stateVersion = 1
+const stateVersion = 2
 
 // State is what a lab made, recorded in Dir/state.json as it is made (so
 // that Down finds everything after a crash half-way through Up) and read
@@ -49,29 +49,29 @@ type State struct {
 
 	Nodes []Node `json:"nodes"`
 
-	// TabbydArgs are added to every tabbyd's flags.
-	TabbydArgs []string `json:"tabbydArgs,omitempty"`
-	// LockFiles are the CNI plugin's per-node IPAM lock files, and
-	// LockDirExisted says whether their folder existed before the lab.
-	LockFiles      []string `json:"lockFiles,omitempty"`
-	LockDir        string   `json:"lockDir,omitempty"`
-	LockDirExisted bool     `json:"lockDirExisted"`
+	// Images are the image tarballs every node imported at lab up, and
+	// TabbyImage the reference of tabby's.
+	Images     []string `json:"images"`
+	TabbyImage string   `json:"tabbyImage"`
 
 	mu sync.Mutex
 }
 
 // Binaries are the programs the lab runs.
 type Binaries struct {
-	// Tabbyctl runs the kubelets, the forward, the container shims and
-	// install-cni.
+	// Tabbyctl holds the nodes' mount namespaces and runs the forward.
 	Tabbyctl string `json:"tabbyctl"`
-	Tabbyd   string `json:"tabbyd"`
 	// Extender is tabby-scheduler-extender.
 	Extender string `json:"extender,omitempty"`
-	// PluginDir holds the tabby and tabby-ipam CNI plugins install-cni copies.
+	// PluginDir holds tabby's programs, loopback and portmap: what
+	// tabby's image is built from.
 	PluginDir string `json:"pluginDir"`
-	// ControlPlaneDir holds etcd, kube-apiserver, ..., kubectl.
+	// ControlPlaneDir holds etcd, kube-apiserver, ..., kubectl, kubelet,
+	// kube-proxy, agnhost and pause (test/controlplane/build.sh).
 	ControlPlaneDir string `json:"controlPlaneDir"`
+	// RuntimeDir holds containerd, its shim, ctr and coredns
+	// (test/runtime/build.sh).
+	RuntimeDir string `json:"runtimeDir"`
 	// RepoRoot is the repository whose deploy/ the lab applied.
 	RepoRoot string `json:"repoRoot"`
 }
@@ -110,19 +110,17 @@ type Node struct {
 	Address string `json:"address"`
 	Gateway string `json:"gateway"`
 	Subnet  int    `json:"subnet"`
-	// Dir holds the node's files: CNI config, kubeconfigs, logs, pods.
+	// Dir holds the node's files: configuration, credentials, logs, and
+	// under fs/ what the node keeps at the paths of nodeMounts.
 	Dir string `json:"dir"`
-	// CNIConfDir and CNIBinDir are where install-cni wrote.
-	CNIConfDir string `json:"cniConfDir"`
-	CNIBinDir  string `json:"cniBinDir"`
-	// TabbydKubeconfig carries the tabby-node service account's token.
-	TabbydKubeconfig string `json:"tabbydKubeconfig"`
-	// CNISocket is where the node's tabbyd serves the CNI plugins (its
-	// --cni-socket, the conflist's agentSocket): one per node, since the
-	// nodes share the host's filesystem.
-	CNISocket string `json:"cniSocket"`
-	Tabbyd    Proc   `json:"tabbyd"`
-	Kubelet   Proc   `json:"kubelet"`
+	// Runtime is RuntimeContainerd or RuntimeContainerd16.
+	Runtime string `json:"runtime"`
+	// CgroupRoot is the kubelet's cgroupRoot, in every hierarchy.
+	CgroupRoot string `json:"cgroupRoot"`
+	// Root holds the node's mount namespace (lab node-root).
+	Root       Proc `json:"root"`
+	Containerd Proc `json:"containerd"`
+	Kubelet    Proc `json:"kubelet"`
 }
 
 // IP is the node's address without prefix length.

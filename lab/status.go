@@ -58,12 +58,15 @@ type ProcReport struct {
 
 // NodeReport is one node of the lab.
 type NodeReport struct {
-	Name    string     `json:"name"`
-	NetNS   string     `json:"netns"`
-	Address string     `json:"address"`
-	Subnet  int        `json:"subnet"`
-	Tabbyd  ProcReport `json:"tabbyd"`
-	Kubelet ProcReport `json:"kubelet"`
+	Name       string     `json:"name"`
+	NetNS      string     `json:"netns"`
+	Address    string     `json:"address"`
+	Subnet     int        `json:"subnet"`
+	Runtime    string     `json:"runtime"`
+	Containerd ProcReport `json:"containerd"`
+	Kubelet    ProcReport `json:"kubelet"`
+	// Tabbyd is the node's tabby-node pod ("" when there is none).
+	Tabbyd string `json:"tabbyd"`
 	// Ready is the Node's Ready condition ("" when unknown).
 	Ready string `json:"ready"`
 	// Readyz is "ok" or why tabbyd's /readyz failed, asked from inside
@@ -84,7 +87,6 @@ type PodReport struct {
 	Phase     string `json:"phase"`
 	Ready     bool   `json:"ready"`
 	IP        string `json:"ip"`
-	NetNS     string `json:"netns"`
 }
 
 func procReport(p Proc) ProcReport { return ProcReport{Name: p.Name, Pid: p.Pid, Running: p.Alive()} }
@@ -103,7 +105,7 @@ func Inspect(ctx context.Context, s *State) *Report {
 	for i := range s.Nodes {
 		n := &s.Nodes[i]
 		r.Nodes[i] = NodeReport{Name: n.Name, NetNS: n.NetNS, Address: n.Address, Subnet: n.Subnet,
-			Tabbyd: procReport(n.Tabbyd), Kubelet: procReport(n.Kubelet)}
+			Runtime: n.Runtime, Containerd: procReport(n.Containerd), Kubelet: procReport(n.Kubelet)}
 		wg.Go(func() {
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
@@ -169,7 +171,7 @@ func inspectAPI(ctx context.Context, s *State, r *Report) error {
 	}
 	for _, p := range pods.Items {
 		pr := PodReport{Namespace: p.Namespace, Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase),
-			IP: p.Status.PodIP, NetNS: p.Annotations[AnnotationNetNS]}
+			IP: p.Status.PodIP}
 		for _, c := range p.Status.Conditions {
 			if c.Type == corev1.PodReady {
 				pr.Ready = c.Status == corev1.ConditionTrue
@@ -177,8 +179,12 @@ func inspectAPI(ctx context.Context, s *State, r *Report) error {
 		}
 		r.Pods = append(r.Pods, pr)
 		for i := range r.Nodes {
-			if r.Nodes[i].Name == p.Spec.NodeName {
-				r.Nodes[i].Pods++
+			if r.Nodes[i].Name != p.Spec.NodeName {
+				continue
+			}
+			r.Nodes[i].Pods++
+			if p.Namespace == tabbyNamespace && p.Labels["app.kubernetes.io/name"] == "tabby-node" && p.DeletionTimestamp == nil {
+				r.Nodes[i].Tabbyd = fmt.Sprintf("%s (%s)", p.Name, p.Status.Phase)
 			}
 		}
 	}
@@ -221,10 +227,10 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tNAMESPACE\tADDRESS\tTABBYD\tKUBELET\tNODE READY\tTABBYD /READYZ\tPODS")
+	fmt.Fprintln(tw, "NODE\tNAMESPACE\tADDRESS\tCONTAINERD\tKUBELET\tTABBY-NODE POD\tNODE READY\tTABBYD /READYZ\tPODS")
 	for _, n := range r.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", n.Name, n.NetNS, n.Address, running(n.Tabbyd), running(n.Kubelet),
-			orDefault(n.Ready, "?"), oneLine(n.Readyz), n.Pods)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", n.Name, n.NetNS, n.Address, running(n.Containerd), running(n.Kubelet),
+			orDefault(n.Tabbyd, "-"), orDefault(n.Ready, "?"), oneLine(n.Readyz), n.Pods)
 	}
 	_ = tw.Flush()
 	r.printBGP(w)
@@ -233,9 +239,9 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tNODE\tPHASE\tREADY\tIP\tNETNS")
+	fmt.Fprintln(tw, "POD\tNODE\tPHASE\tREADY\tIP")
 	for _, p := range r.Pods {
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%v\t%s\t%s\n", p.Namespace, p.Name, orDefault(p.Node, "-"), p.Phase, p.Ready, orDefault(p.IP, "-"), orDefault(p.NetNS, "-"))
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%v\t%s\n", p.Namespace, p.Name, orDefault(p.Node, "-"), p.Phase, p.Ready, orDefault(p.IP, "-"))
 	}
 	_ = tw.Flush()
 }
@@ -263,4 +269,16 @@ func (r *Report) printBGP(w io.Writer) {
 			n.BGP.PrintPeers(w, "  ")
 		}
 	}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// tabbydReadyz asks node n's tabbyd for /readyz from inside the node.
+func tabbydReadyz(ctx context.Context, n *Node) error {
+	return httpOK(ctx, TabbydClient(n, 3*time.Second), TabbydURL("/readyz"))
 }

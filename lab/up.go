@@ -8,7 +8,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -25,32 +29,36 @@ type Options struct {
 	// Nodes (default DefaultNodes) and Subnets (1 or 2; default 1).
 	Nodes   int
 	Subnets int
+	// Runtime is the nodes' container runtime: RuntimeContainerd (the
+	// default) or RuntimeContainerd16.
+	Runtime string
 	// PodCIDR is the default IPPool's range ("" for no pool).
 	PodCIDR string
-	// Tabbyctl is the path of tabbyctl (it runs the kubelets, the forward,
-	// the container shims and install-cni); required.
+	// Tabbyctl is the path of tabbyctl (it holds the nodes' mount
+	// namespaces and runs the forward); required.
 	Tabbyctl string
-	// BinDir holds tabbyd, tabby, tabby-ipam and tabby-scheduler-extender;
-	// required.
+	// BinDir holds tabby's five programs, loopback and portmap (make
+	// build): tabby's image is built from it; required.
 	BinDir string
-	// ControlPlaneDir holds etcd, kube-apiserver, kube-scheduler,
-	// kube-controller-manager and kubectl ("": built by
-	// test/controlplane/build.sh in RepoRoot).
+	// ControlPlaneDir holds the Kubernetes programs
+	// (test/controlplane/build.sh) and RuntimeDir containerd and CoreDNS
+	// (test/runtime/build.sh); "": built from RepoRoot.
 	ControlPlaneDir string
+	RuntimeDir      string
+	// CacheDir holds built images and Debian packages ("": the build
+	// cache, see hack/lib/buildcache.sh).
+	CacheDir string
 	// RepoRoot is the tabby repository (deploy/ is applied from it);
 	// required.
 	RepoRoot string
 	// APIPort is the host loopback port of the API server forward (0: a
 	// free one).
 	APIPort int
-	// TabbydArgs are added to every tabbyd's flags.
+	// TabbydArgs are added to the tabbyd container's flags in the
+	// DaemonSet the lab applies.
 	TabbydArgs []string
-	// TabbydAdmin runs tabbyd with the admin's token instead of the
-	// tabby-node service account's (to tell an RBAC gap from a bug).
-	TabbydAdmin bool
-	// ReadyTimeout bounds the wait for the nodes to be Ready, their tabbyd
-	// to answer /readyz and the scheduler extender to pass every node
-	// (default 2 minutes).
+	// ReadyTimeout bounds the wait for the nodes, tabby and CoreDNS to be
+	// ready (default 3 minutes).
 	ReadyTimeout time.Duration
 	// KeepOnFailure leaves a lab that failed to come up as it is, to look
 	// at; otherwise Up removes it before returning the error.
@@ -58,10 +66,6 @@ type Options struct {
 	// Log receives progress lines (nil: none).
 	Log io.Writer
 }
-
-// pluginLockDir is where the CNI plugin keeps its per-node IPAM lock files
-// (plugin.DefaultLockDir; ipam-<nodename>.lock).
-const pluginLockDir = "/var/run/tabby"
 
 func (o *Options) progress(format string, args ...any) {
 	if o.Log != nil {
@@ -82,8 +86,14 @@ func (o *Options) defaults() error {
 	if o.Subnets == 0 {
 		o.Subnets = 1
 	}
+	if o.Runtime == "" {
+		o.Runtime = RuntimeContainerd
+	}
+	if !slices.Contains(Runtimes, o.Runtime) {
+		return fmt.Errorf("runtime %q: use %s", o.Runtime, strings.Join(Runtimes, " or "))
+	}
 	if o.ReadyTimeout == 0 {
-		o.ReadyTimeout = 2 * time.Minute
+		o.ReadyTimeout = 3 * time.Minute
 	}
 	if err := (Layout{Name: o.Name, Nodes: o.Nodes, Subnets: o.Subnets}).Check(); err != nil {
 		return err
@@ -94,21 +104,16 @@ func (o *Options) defaults() error {
 	}
 	o.Dir = dir
 	if o.Tabbyctl == "" || o.BinDir == "" {
-		return errors.New("the lab needs the paths of tabbyctl and of the folder holding tabbyd, tabby, tabby-ipam and tabby-scheduler-extender")
+		return errors.New("the lab needs the paths of tabbyctl and of the folder holding tabby's programs")
 	}
-	for what, path := range map[string]string{
-		"tabbyctl":   o.Tabbyctl,
-		"tabbyd":     filepath.Join(o.BinDir, "tabbyd"),
-		"tabby":      filepath.Join(o.BinDir, "tabby"),
-		"tabby-ipam": filepath.Join(o.BinDir, "tabby-ipam"),
-		ExtenderName: filepath.Join(o.BinDir, ExtenderName),
-	} {
+	for _, name := range TabbyImagePrograms {
+		path := filepath.Join(o.BinDir, name)
 		if st, err := os.Stat(path); err != nil || st.Mode()&0o111 == 0 {
-			return fmt.Errorf("%s is missing or not executable at %s: run make build (or pass --bin-dir)", what, path)
+			return fmt.Errorf("%s is missing or not executable at %s: run make build (or pass --bin-dir)", name, path)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(o.RepoRoot, "deploy", "crds")); err != nil {
-		return fmt.Errorf("no tabby repository at %q (deploy/crds is applied from it): run from the repository or pass --repo", o.RepoRoot)
+		return fmt.Errorf("no tabby repository at %q (deploy/ is applied from it): run from the repository or pass --repo", o.RepoRoot)
 	}
 	if _, err := os.Stat(filepath.Join(o.RepoRoot, SchedulerConfigFile)); err != nil {
 		return fmt.Errorf("the tabby repository at %q lacks %s (kube-scheduler runs with it): %w", o.RepoRoot, SchedulerConfigFile, err)
@@ -117,13 +122,13 @@ func (o *Options) defaults() error {
 }
 
 // Up starts a lab as Options say and returns its state once every node is
-// Ready, its tabbyd answers /readyz and the scheduler extender passes it.
-// Its processes outlive the caller; Down removes everything. On failure
-// the lab is removed (unless KeepOnFailure) and the error says what went
-// wrong with the end of the log concerned.
+// Ready with tabby-node, kube-proxy and CoreDNS running and the scheduler
+// extender passes every node. Its processes outlive the caller; Down
+// removes everything. On failure the lab is removed (unless KeepOnFailure)
+// and the error says what went wrong with the end of the log concerned.
 func Up(ctx context.Context, o Options) (st *State, err error) {
 	if os.Geteuid() != 0 {
-		return nil, errors.New("the lab needs root (network namespaces, veth, a control plane): run it with sudo")
+		return nil, errors.New("the lab needs root (network namespaces, mounts, cgroups, a control plane): run it with sudo")
 	}
 	if err := o.defaults(); err != nil {
 		return nil, err
@@ -131,6 +136,14 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 	l := Layout{Name: o.Name, Nodes: o.Nodes, Subnets: o.Subnets}
 	if left := listNetNS(l.Prefix()); len(left) > 0 {
 		return nil, fmt.Errorf("a lab named %s is already up (namespaces %v): remove it with tabbyctl lab down (with its --dir), or pick another --name", o.Name, left)
+	}
+	if err := preflight(&o); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	bins, err := findBinaries(ctx, &o)
+	if err != nil {
+		return nil, err
 	}
 	created, err := prepareDir(o.Dir)
 	if err != nil {
@@ -141,28 +154,15 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 		return nil, err
 	}
 	defer unlock()
-	_, lockDirErr := os.Stat(pluginLockDir)
 	st = &State{
-		Version:        stateVersion,
-		Name:           o.Name,
-		Dir:            o.Dir,
-		Created:        time.Now().UTC().Truncate(time.Second),
-		Subnets:        o.Subnets,
-		PodCIDR:        o.PodCIDR,
-		CreatedDir:     created,
-		TabbydArgs:     o.TabbydArgs,
-		LockDir:        pluginLockDir,
-		LockDirExisted: lockDirErr == nil,
-		Binaries: Binaries{
-			Tabbyctl:  o.Tabbyctl,
-			Tabbyd:    filepath.Join(o.BinDir, "tabbyd"),
-			Extender:  filepath.Join(o.BinDir, ExtenderName),
-			PluginDir: o.BinDir,
-			RepoRoot:  o.RepoRoot,
-		},
-	}
-	for i := 1; i <= o.Nodes; i++ {
-		st.LockFiles = append(st.LockFiles, filepath.Join(pluginLockDir, "ipam-"+NodeName(i)+".lock"))
+		Version:    stateVersion,
+		Name:       o.Name,
+		Dir:        o.Dir,
+		Created:    time.Now().UTC().Truncate(time.Second),
+		Subnets:    o.Subnets,
+		PodCIDR:    o.PodCIDR,
+		CreatedDir: created,
+		Binaries:   bins,
 	}
 	if err := st.update(func(*State) {}); err != nil {
 		return nil, err
@@ -177,47 +177,63 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 			err = fmt.Errorf("%w\n(the half-made lab is removed; --keep-on-failure keeps it and its logs to look at)", err)
 		}
 	}()
-	start := time.Now()
-	o.progress("lab %s in %s: %d nodes on %d subnet(s)", o.Name, o.Dir, o.Nodes, o.Subnets)
+	o.progress("lab %s in %s: %d nodes (%s, runc) on %d subnet(s)", o.Name, o.Dir, o.Nodes, runtimeName(o.Runtime), o.Subnets)
+	images, tabbyImage, err := buildImages(ctx, st, &o)
+	if err != nil {
+		return st, err
+	}
+	if err := st.update(func(s *State) { s.Images, s.TabbyImage = images, tabbyImage }); err != nil {
+		return st, err
+	}
+	o.progress("images: %d built or found in the cache (tabby's is %s) [%.1fs]", len(images), tabbyImage, time.Since(start).Seconds())
 	if err := buildUnderlay(st, l); err != nil {
 		return st, err
 	}
 	for i := 1; i <= o.Nodes; i++ {
-		if err := buildNode(st, l, i); err != nil {
+		if err := buildNode(st, l, i, o.Runtime); err != nil {
 			return st, err
 		}
 	}
 	o.progress("underlay: %s with bridges %v, router %s (no route out), node namespaces %s..%s",
 		l.UnderlayNS(), bridges(o.Subnets), l.RouterNS(), l.NodeNS(1), l.NodeNS(o.Nodes))
-	cp, err := startControlPlane(ctx, st, l, &o)
+	ca, err := newLabCA(st.pkiDir())
 	if err != nil {
 		return st, err
 	}
-	if err := st.update(func(s *State) { s.Binaries.ControlPlaneDir = cp.c.BinDir; s.Binaries.RepoRoot = cp.c.RepoRoot }); err != nil {
-		return st, err
-	}
-	if err := startForward(st, cp.c, o.APIPort); err != nil {
-		return st, err
-	}
-	o.progress("forward: %s on the host's loopback -> %s (admin kubeconfig %s)", st.Forward.Address, st.ControlPlane.Server, st.Kubeconfig)
-	image, portmap, err := makeImage(ctx, st, &o)
+	cp, err := startControlPlane(ctx, st, l, &o, ca, tabbyImage)
 	if err != nil {
-		return st, err
-	}
-	// install-cni copies the plugins into the shared bin dir once; later
-	// runs find them unchanged.
-	if err := installNode(ctx, st, &st.Nodes[0], cp, image, portmap); err != nil {
 		return st, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, o.ReadyTimeout)
 	defer cancel()
 	g, gctx := errgroup.WithContext(rctx)
-	g.SetLimit(8)
+	g.SetLimit(4)
 	for i := range st.Nodes {
-		g.Go(func() error { return startNode(gctx, st, i, cp, image, portmap) })
+		g.Go(func() error { return startNode(gctx, st, &st.Nodes[i], ca, cp.cs, images) })
 	}
 	if err := g.Wait(); err != nil {
 		return st, err
+	}
+	o.progress("nodes: containerd and kubelet running on %d nodes, images imported, Nodes registered [%.1fs]", o.Nodes, time.Since(start).Seconds())
+	if err := waitDaemonSet(rctx, cp.cs, "kube-system", "kube-proxy", o.Nodes); err != nil {
+		return st, fmt.Errorf("waiting for kube-proxy: %w", err)
+	}
+	if err := waitDaemonSet(rctx, cp.cs, tabbyNamespace, "tabby-node", o.Nodes); err != nil {
+		return st, fmt.Errorf("waiting for tabby (see kubectl -n %s logs ds/tabby-node): %w", tabbyNamespace, err)
+	}
+	o.progress("tabby-node ready on every node, kube-proxy too [%.1fs]", time.Since(start).Seconds())
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		err := poll(rctx, 100*time.Millisecond, func() error {
+			node, err := cp.cs.CoreV1().Nodes().Get(rctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			return nodeReady(node)
+		})
+		if err != nil {
+			return st, fmt.Errorf("waiting for %s to be Ready: %w", n.Name, err)
+		}
 	}
 	// kube-scheduler leaves a pod Pending when the extender filters out
 	// every node, and asks again only on some later change: wait until the
@@ -226,38 +242,16 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 		return st, fmt.Errorf("waiting for %s to pass every node: %w (its log: %s)", ExtenderName, err,
 			filepath.Join(st.ControlPlane.Dir, ExtenderName+".log"))
 	}
-	o.progress("%s passes every node (each node's tabbyd renews its heartbeat Lease %s/tabbyd-<node>)", ExtenderName, tabbyNamespace)
+	if err := waitDeployment(rctx, cp.cs, "kube-system", "coredns"); err != nil {
+		return st, fmt.Errorf("waiting for CoreDNS: %w", err)
+	}
+	o.progress("CoreDNS ready behind kube-dns (%s); %s passes every node", ClusterDNS, ExtenderName)
 	if err := st.update(func(s *State) { s.Ready = true }); err != nil {
 		return st, err
 	}
-	o.progress("lab %s is up in %.1fs: %d nodes Ready, tabbyd ready on each; kubeconfig: %s",
+	o.progress("lab %s is up in %.1fs: %d nodes Ready; kubeconfig: %s",
 		o.Name, time.Since(start).Seconds(), o.Nodes, st.Kubeconfig)
 	return st, nil
-}
-
-// startNode installs the CNI config of node i, starts its kubelet, waits
-// for its Node, starts tabbyd (as the DaemonSet would, once the node is
-// registered) and waits until the node is Ready and tabbyd ready.
-func startNode(ctx context.Context, st *State, i int, cp *controlPlane, image string, portmap bool) error {
-	n := &st.Nodes[i]
-	if i > 0 {
-		if err := installNode(ctx, st, n, cp, image, portmap); err != nil {
-			return err
-		}
-	}
-	if err := st.startComponent(n.Name, ComponentKubelet); err != nil {
-		return err
-	}
-	if err := waitNodeRegistered(ctx, cp.cs, n); err != nil {
-		return fmt.Errorf("waiting for the kubelet of %s to register its Node: %w", n.Name, err)
-	}
-	if err := st.startComponent(n.Name, ComponentTabbyd); err != nil {
-		return err
-	}
-	if err := waitNodeReady(ctx, cp.cs, n); err != nil {
-		return fmt.Errorf("waiting for %s to be ready: %w", n.Name, err)
-	}
-	return nil
 }
 
 func bridges(n int) []string {

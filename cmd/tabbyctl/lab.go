@@ -6,18 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/lab"
+	"github.com/tabbynet/tabby/lab/labimage"
 	"github.com/tabbynet/tabby/test/cluster"
 )
 
@@ -31,18 +32,21 @@ func newLabCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lab",
 		Short: "a Kubernetes cluster of network namespaces on this machine, running tabby (needs root)",
-		Long: `The lab runs a real control plane (etcd, kube-apiserver, kube-scheduler
-with tabby-scheduler-extender, kube-controller-manager) and N nodes on this
-machine, each node a network
-namespace with tabbyd and a small lab kubelet that runs pods as network
-namespaces wired by tabby's CNI plugin. Everything lives in namespaces the
-lab creates (tabby-<name>-*); the host gets only a loopback port forward to
-the API server. Pods' containers run host programs given by absolute path.
+		Long: `The lab is a real Kubernetes cluster on this machine, as kind is on
+machines with Docker: a real control plane (etcd, kube-apiserver,
+kube-scheduler with tabby-scheduler-extender, kube-controller-manager) and N
+nodes, each a network namespace with a mount namespace of its own running the
+real kubelet and containerd with runc. kube-proxy, CoreDNS and tabby itself
+(deploy/tabby.yaml, with tabby's image built here without Docker) are
+installed with kubectl as on any cluster. Everything lives in namespaces,
+cgroups and the folder the lab creates; the host gets only a loopback port
+forward to the API server.
 
-  tabbyctl lab up --nodes 3            start it (about 20 seconds)
+  tabbyctl lab up --nodes 3            start it (about a minute once built)
   tabbyctl lab status                  nodes, processes, tabbyd readiness, pods
-  kubectl --kubeconfig $(tabbyctl lab kubeconfig) get nodes
+  kubectl --kubeconfig $(tabbyctl lab kubeconfig) get nodes -o wide
   tabbyctl lab exec default/web -- ip addr
+  tabbyctl lab load my-image.tar       import an image into every node
   tabbyctl lab down                    remove everything (also after a crash)`,
 	}
 	def := os.Getenv(envLabDir)
@@ -51,8 +55,8 @@ the API server. Pods' containers run host programs given by absolute path.
 	}
 	cmd.PersistentFlags().StringVar(&dir, "dir", def, "the lab's folder ($"+envLabDir+" changes the default)")
 	cmd.AddCommand(labUpCommand(&dir), labDownCommand(&dir), labStatusCommand(&dir), labKubeconfigCommand(&dir),
-		labExecCommand(&dir), labRestartCommand(&dir), labDemoCommand(&dir),
-		labKubeletCommand(&dir), labForwardCommand(&dir), labShimCommand(), labNetexecCommand(), labProbeCommand())
+		labExecCommand(&dir), labRestartCommand(&dir), labDemoCommand(&dir), labLoadCommand(&dir),
+		labNodeRootCommand(&dir), labForwardCommand(&dir), labProbeCommand())
 	return cmd
 }
 
@@ -82,20 +86,23 @@ func labUpCommand(dir *string) *cobra.Command {
 	var repo string
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "start a lab: control plane, underlay, nodes with tabbyd and the lab kubelet",
-		Long: `up builds the underlay (a bridge per subnet and a router without a route out),
-starts the control plane in its own namespace with tabby's CRDs, policies,
-namespace and RBAC from deploy/ and a default IPPool, tabby-scheduler-extender
-on that namespace's loopback (port 8888) and kube-scheduler with
-deploy/scheduler/kube-scheduler-config.yaml pointed at it, and per node a
-namespace with eth0 on the underlay, its CNI config written by tabbyctl
-install-cni, tabbyd and the lab kubelet. It returns when every node is Ready,
-its tabbyd answers /readyz and the extender passes it (it has seen the
-node's tabbyd heartbeat Lease); the processes keep running. Node i is nodei, at 10.77.0.(10+i)
-(with --subnets 2, even nodes are on 10.78.0.0/24 behind the router).
+		Short: "start a lab: control plane, underlay, nodes with kubelet and containerd, kube-proxy, CoreDNS and tabby",
+		Long: `up builds the images the nodes run (tabby's from --bin-dir, agnhost, pause,
+kube-proxy, CoreDNS; cached), the underlay (a bridge per subnet and a router
+without a route out) and the control plane in its own namespace. It applies
+deploy/tabby.yaml rendered with the lab's image and pod CIDR, kube-proxy and
+CoreDNS with kubectl, starts tabby-scheduler-extender on that namespace's
+loopback (port 8888) and kube-scheduler with
+deploy/scheduler/kube-scheduler-config.yaml pointed at it, and per node
+containerd (v2, or Debian's 1.6 with --runtime containerd1.6) and the
+kubelet. It returns when every node is Ready with tabby-node, kube-proxy and
+CoreDNS running and the extender passes every node; the processes keep
+running. Node i is nodei, at 10.77.0.(10+i) (with --subnets 2, even nodes
+are on 10.78.0.0/24 behind the router).
 
-The control-plane binaries come from --controlplane-dir ($` + cluster.EnvControlPlaneDir + `),
-else test/controlplane/build.sh builds them (minutes, the first time).`,
+The Kubernetes programs come from --controlplane-dir ($` + cluster.EnvControlPlaneDir + `),
+containerd and CoreDNS from --runtime-dir; else test/controlplane/build.sh and
+test/runtime/build.sh build them (minutes, the first time).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := completeUpOptions(&o, repo, *dir, cmd.OutOrStdout()); err != nil {
@@ -135,6 +142,11 @@ func completeUpOptions(o *lab.Options, repo, dir string, out io.Writer) error {
 			return err
 		}
 	}
+	if o.CacheDir == "" {
+		if o.CacheDir, err = labimage.DefaultCacheDir(os.Getenv); err != nil {
+			return err
+		}
+	}
 	o.Dir = dir
 	o.Log = out
 	return nil
@@ -146,14 +158,16 @@ func addUpFlags(cmd *cobra.Command, o *lab.Options, repo *string) {
 	f.IntVar(&o.Nodes, "nodes", lab.DefaultNodes, "number of nodes (1 to 200)")
 	f.IntVar(&o.Subnets, "subnets", 1, "1: one bridge; 2: two bridges joined by a router (CrossSubnet is real)")
 	f.StringVar(&o.Name, "name", lab.DefaultName, "the lab's name: its namespaces are tabby-NAME-* (labs with other names and --dir run side by side)")
+	f.StringVar(&o.Runtime, "runtime", lab.RuntimeContainerd, "the nodes' container runtime: "+strings.Join(lab.Runtimes, " (v2, built from the module proxy) or ")+" (Debian's)")
 	f.StringVar(&o.PodCIDR, "pod-cidr", lab.DefaultPodCIDR, `the default IPPool's range ("" for no pool)`)
-	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabbyd, tabby, tabby-ipam and tabby-scheduler-extender (default: tabbyctl's own folder)")
-	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ... (default $"+cluster.EnvControlPlaneDir+", else built)")
+	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabby's programs, loopback and portmap, which tabby's image is built from (default: tabbyctl's own folder)")
+	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ..., kubelet, kube-proxy, agnhost, pause (default $"+cluster.EnvControlPlaneDir+", else built)")
+	f.StringVar(&o.RuntimeDir, "runtime-dir", "", "folder holding containerd, containerd-shim-runc-v2, ctr and coredns (default: built by test/runtime/build.sh)")
+	f.StringVar(&o.CacheDir, "cache-dir", "", "where built images and Debian packages are cached (default $"+labimage.EnvCacheDir+", else ~/.cache/tabby)")
 	f.StringVar(repo, "repo", "", "the tabby repository (deploy/ is applied and kube-scheduler configured from it; default: found above the working directory or tabbyctl)")
 	f.IntVar(&o.APIPort, "api-port", 0, "host loopback port of the API server forward (default: a free one)")
-	f.StringArrayVar(&o.TabbydArgs, "tabbyd-arg", nil, "a flag added to every tabbyd's (repeat it)")
-	f.BoolVar(&o.TabbydAdmin, "tabbyd-admin", false, "run tabbyd with the admin's token instead of the tabby-node service account's")
-	f.DurationVar(&o.ReadyTimeout, "timeout", 2*time.Minute, "how long to wait for the nodes and tabbyd to be ready")
+	f.StringArrayVar(&o.TabbydArgs, "tabbyd-arg", nil, "a flag added to the tabbyd container's in the DaemonSet (repeat it)")
+	f.DurationVar(&o.ReadyTimeout, "timeout", 3*time.Minute, "how long to wait for the nodes, tabby and CoreDNS to be ready")
 	f.BoolVar(&o.KeepOnFailure, "keep-on-failure", false, "leave a lab that failed to come up as it is, to look at (remove it with lab down)")
 }
 
@@ -240,61 +254,67 @@ func labExecCommand(dir *string) *cobra.Command {
 func labRestartCommand(dir *string) *cobra.Command {
 	var grace time.Duration
 	cmd := &cobra.Command{
-		Use:   "restart NODE [tabbyd|kubelet]",
-		Short: "restart a node's tabbyd or kubelet (default: both); a restarted kubelet adopts its pods",
-		Args:  cobra.RangeArgs(1, 2),
+		Use:   "restart NODE " + strings.Join(lab.Components, "|"),
+		Short: "restart a node's kubelet or containerd (pods keep running), or its tabbyd (deletes its tabby-node pod)",
+		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			st, err := lab.Load(*dir)
 			if err != nil {
 				return err
 			}
-			components := []string{lab.ComponentKubelet, lab.ComponentTabbyd}
-			if len(args) == 2 {
-				components = args[1:]
+			if err := lab.Restart(cmd.Context(), st, args[0], args[1], grace); err != nil {
+				return err
 			}
-			for _, c := range components {
-				if err := lab.Restart(st, args[0], c, grace); err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s of %s restarted\n", c, args[0])
-			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s of %s restarted\n", args[1], args[0])
 			return nil
 		},
 	}
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long to wait after SIGTERM before SIGKILL")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long to wait after SIGTERM before SIGKILL (tabbyd: the pod's grace period)")
 	return cmd
 }
 
-func labKubeletCommand(dir *string) *cobra.Command {
-	var node, logLevel string
+func labNodeRootCommand(dir *string) *cobra.Command {
+	var node string
+	var hostMountNS uint64
 	cmd := &cobra.Command{
-		Use:    "kubelet --node NODE",
-		Short:  "the lab kubelet of one node (lab up starts it inside the node's namespace)",
+		Use:    "node-root --node NODE",
+		Short:  "make a node's private mounts and hold its mount namespace (lab up starts it under unshare --mount)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
-			}
 			st, err := lab.Load(*dir)
 			if err != nil {
 				return err
 			}
-			cfg, err := lab.KubeletConfigFor(st, node)
-			if err != nil {
-				return err
-			}
-			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
-			return lab.RunKubelet(ctx, cfg)
+			return lab.RunNodeRoot(ctx, st, node, hostMountNS)
 		},
 	}
 	cmd.Flags().StringVar(&node, "node", "", "the node's name")
-	cmd.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.Flags().Uint64Var(&hostMountNS, "host-mount-ns", 0, "inode of the mount namespace this one must not be (lab up's)")
 	_ = cmd.MarkFlagRequired("node")
 	return cmd
+}
+
+func labLoadCommand(dir *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "load IMAGE.tar...",
+		Short: "import images (docker-archive or OCI tarballs, as docker save writes) into every node, as kind load image-archive does",
+		Long: `load imports each tarball into the containerd of every node (namespace
+k8s.io, where kubelet finds images). The lab's nodes cannot pull: a pod whose
+image is neither preloaded nor loaded fails with ErrImagePull naming the
+image. Give the pod a tag other than latest (or imagePullPolicy: IfNotPresent)
+so that kubelet uses the loaded image.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := lab.Load(*dir)
+			if err != nil {
+				return err
+			}
+			return lab.LoadImages(cmd.Context(), st, args, cmd.OutOrStdout())
+		},
+	}
 }
 
 func labForwardCommand(dir *string) *cobra.Command {
@@ -317,48 +337,6 @@ func labForwardCommand(dir *string) *cobra.Command {
 			return lab.RunForward(ctx, st, ln)
 		},
 	}
-}
-
-func labShimCommand() *cobra.Command {
-	var exitFile string
-	cmd := &cobra.Command{
-		Use:    "shim --exit-file FILE -- COMMAND [ARGS...]",
-		Short:  "run a container's command and record how it ended (the lab kubelet starts it)",
-		Hidden: true,
-		Args:   cobra.MinimumNArgs(1),
-		Run: func(_ *cobra.Command, args []string) {
-			os.Exit(lab.RunShim(exitFile, args))
-		},
-	}
-	cmd.Flags().StringVar(&exitFile, "exit-file", "", "where to record the exit status")
-	_ = cmd.MarkFlagRequired("exit-file")
-	return cmd
-}
-
-func labNetexecCommand() *cobra.Command {
-	cfg := lab.NetexecConfig{}
-	cmd := &cobra.Command{
-		Use:    "netexec --tcp PORT --udp PORT",
-		Short:  "a workload server: answers TCP connections and UDP datagrams with its name",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cfg.Name == "" {
-				if cfg.Name = os.Getenv("HOSTNAME"); cfg.Name == "" {
-					cfg.Name, _ = os.Hostname()
-				}
-			}
-			ctx, stop := signalContext(cmd.Context())
-			defer stop()
-			return lab.RunNetexec(ctx, cfg, func() {
-				fmt.Fprintf(cmd.OutOrStdout(), "netexec %s: serving TCP %v, UDP %v\n", cfg.Name, cfg.TCP, cfg.UDP)
-			})
-		},
-	}
-	cmd.Flags().IntSliceVar(&cfg.TCP, "tcp", nil, "TCP ports to serve (repeat or comma-separate)")
-	cmd.Flags().IntSliceVar(&cfg.UDP, "udp", nil, "UDP ports to serve")
-	cmd.Flags().StringVar(&cfg.Name, "name", "", "the answer (default $HOSTNAME, the pod's name in the lab)")
-	return cmd
 }
 
 func labProbeCommand() *cobra.Command {

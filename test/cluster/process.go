@@ -70,6 +70,10 @@ type SpawnOptions struct {
 	// namespace and execs the program (same pid, the host's mount
 	// namespace and /sys, unlike ip netns exec).
 	NetNS string
+	// MountNS, when set, is the path of a mount namespace (such as
+	// /proc/PID/ns/mnt) the process runs in, entered by nsenter --mount
+	// like NetNS; the program's path is looked up inside it.
+	MountNS string
 	// Detach lets the process outlive the program that started it: it
 	// leads a session of its own and gets no death signal.
 	Detach bool
@@ -93,12 +97,19 @@ func Spawn(name, path, logPath string, so SpawnOptions, args ...string) (*Proces
 	defer logf.Close()
 	fmt.Fprintf(logf, "=== %s: starting %s %q\n", time.Now().Format(time.RFC3339Nano), path, args)
 	cmd := exec.Command(path, args...)
-	if so.NetNS != "" {
+	if so.NetNS != "" || so.MountNS != "" {
 		nsenter, err := exec.LookPath("nsenter")
 		if err != nil {
-			return nil, fmt.Errorf("starting %s in network namespace %s: %w (install util-linux)", name, so.NetNS, err)
+			return nil, fmt.Errorf("starting %s in namespaces %s %s: %w (install util-linux)", name, so.NetNS, so.MountNS, err)
 		}
-		cmd = exec.Command(nsenter, append([]string{"--net=" + so.NetNS, "--", path}, args...)...)
+		var nsArgs []string
+		if so.NetNS != "" {
+			nsArgs = append(nsArgs, "--net="+so.NetNS)
+		}
+		if so.MountNS != "" {
+			nsArgs = append(nsArgs, "--mount="+so.MountNS)
+		}
+		cmd = exec.Command(nsenter, append(append(nsArgs, "--", path), args...)...)
 	}
 	cmd.Env = so.Env
 	cmd.Dir = so.Dir

@@ -257,7 +257,7 @@ func restartTabbyd(t *testing.T, l *Lab, node string, kill bool) {
 	if kill {
 		how = "SIGKILL"
 		l.Reload(t)
-		if err := KillProc(l.Node(t, node).Tabbyd); err != nil {
+		if err := KillProc(l.TabbydProc(t, node)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -440,7 +440,7 @@ func TestIPAMChaos(t *testing.T) {
 	vn := l.Node(t, victim)
 	// The machine dies: its kubelet and tabbyd are killed, then the Node
 	// is deleted and its pods with it (as the pod GC does 40 s later).
-	for _, p := range []lab.Proc{vn.Kubelet, vn.Tabbyd} {
+	for _, p := range []lab.Proc{vn.Kubelet, l.TabbydProc(t, vn.Name)} {
 		if err := KillProc(p); err != nil {
 			t.Fatal(err)
 		}

@@ -180,7 +180,7 @@ func tabbydRSS(b *testing.B, l *Lab) []float64 {
 	l.Reload(b)
 	var out []float64
 	for _, n := range l.State.Nodes {
-		data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(n.Tabbyd.Pid), "status"))
+		data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(l.TabbydProc(b, n.Name).Pid), "status"))
 		if err != nil {
 			b.Fatal(err)
 		}

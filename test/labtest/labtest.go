@@ -7,7 +7,7 @@
 //
 //	func TestX(t *testing.T) {
 //		l := labtest.Up(t, "--nodes", "3")
-//		l.Create(t, labtest.Netexec("web", "node1", 80))
+//		l.Create(t, labtest.Web("web", "node1", 80))
 //		...
 //	}
 //
@@ -33,7 +33,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
@@ -42,18 +41,25 @@ import (
 	"github.com/tabbynet/tabby/test/cluster"
 )
 
-// EnvBinDir names a folder holding prebuilt tabbyctl, tabbyd, tabby,
-// tabby-ipam and tabby-scheduler-extender (`make build` puts them in
-// ./bin); without it Setup builds them.
-const EnvBinDir = "TABBY_BIN_DIR"
+// EnvBinDir names a folder holding prebuilt tabby programs and the CNI
+// plugins its image ships (`make build` puts them in ./bin); without it
+// Setup builds them. EnvRuntimeDir names a folder holding containerd, its
+// shim, ctr and coredns (test/runtime/build.sh prints one); without it
+// Setup runs that script.
+const (
+	EnvBinDir     = "TABBY_BIN_DIR"
+	EnvRuntimeDir = "TABBY_RUNTIME_DIR"
+)
 
 // Binaries are what the labs run.
 var Binaries struct {
-	// Dir holds tabbyctl, tabbyd, tabby, tabby-ipam and
-	// tabby-scheduler-extender.
+	// Dir holds tabby's programs, loopback and portmap.
 	Dir string
-	// ControlPlane holds etcd, kube-apiserver, ..., kubectl.
+	// ControlPlane holds etcd, kube-apiserver, ..., kubectl, kubelet,
+	// kube-proxy, agnhost and pause.
 	ControlPlane string
+	// Runtime holds containerd, containerd-shim-runc-v2, ctr and coredns.
+	Runtime string
 	// Repo is the tabby repository.
 	Repo string
 }
@@ -91,24 +97,38 @@ func Setup(m *testing.M) int {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fail("building tabby's programs: %v\n%s", err, out)
 		}
+		if out, err := exec.Command(filepath.Join(root, "hack", "build-cni-plugins.sh"), dir).CombinedOutput(); err != nil {
+			return fail("building loopback and portmap: %v\n%s", err, out)
+		}
 		Binaries.Dir = dir
 	}
-	for _, b := range []string{"tabbyctl", "tabbyd", "tabby", "tabby-ipam", lab.ExtenderName} {
+	for _, b := range lab.TabbyImagePrograms {
 		if _, err := os.Stat(filepath.Join(Binaries.Dir, b)); err != nil {
 			return fail("$%s=%s lacks %s (run make build): %v", EnvBinDir, Binaries.Dir, b, err)
 		}
 	}
-	Binaries.ControlPlane = os.Getenv(cluster.EnvControlPlaneDir)
-	if Binaries.ControlPlane == "" {
-		cmd := exec.Command("bash", filepath.Join(root, "test", "controlplane", "build.sh"))
-		cmd.Stderr = os.Stderr
-		out, err := cmd.Output()
-		if err != nil {
-			return fail("building the control plane: %v", err)
-		}
-		Binaries.ControlPlane = strings.TrimSpace(string(out))
+	var err2 error
+	if Binaries.ControlPlane, err2 = buildDir(root, cluster.EnvControlPlaneDir, "test/controlplane/build.sh"); err2 != nil {
+		return fail("%v", err2)
+	}
+	if Binaries.Runtime, err2 = buildDir(root, EnvRuntimeDir, "test/runtime/build.sh"); err2 != nil {
+		return fail("%v", err2)
 	}
 	return m.Run()
+}
+
+// buildDir is $env, else the folder the build script prints.
+func buildDir(root, env, script string) (string, error) {
+	if d := os.Getenv(env); d != "" {
+		return d, nil
+	}
+	cmd := exec.Command("bash", filepath.Join(root, script))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s: %v", script, err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // Lab is a running lab.
@@ -146,7 +166,7 @@ func Up(t testing.TB, args ...string) *Lab {
 	})
 	start := time.Now()
 	out, code := l.Tabbyctl(append([]string{"up", "--name", l.Name, "--repo", Binaries.Repo,
-		"--controlplane-dir", Binaries.ControlPlane, "--bin-dir", Binaries.Dir}, args...)...)
+		"--controlplane-dir", Binaries.ControlPlane, "--runtime-dir", Binaries.Runtime, "--bin-dir", Binaries.Dir}, args...)...)
 	l.UpTime = time.Since(start)
 	if code != 0 {
 		t.Fatalf("lab up failed:\n%s", out)
@@ -221,14 +241,16 @@ func (l *Lab) Probe(pod, network, addr string) (string, error) {
 	return strings.TrimSpace(out), nil
 }
 
-// Pod is a pod running cmd (host programs by absolute path or $PATH) in
-// namespace default, on node when node is not "" (by its hostname label,
-// so the scheduler still binds it).
-func Pod(name, node string, cmd ...string) *corev1.Pod {
+// Pod is a pod of one agnhost container (lab.AgnhostImage, which every
+// node has) run with args (agnhost's subcommand and flags, or with
+// Command set, any program of the image), in namespace default, on node
+// when node is not "" (by its hostname label, so the scheduler still binds
+// it).
+func Pod(name, node string, args ...string) *corev1.Pod {
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: metav1.NamespaceDefault},
 		Spec: corev1.PodSpec{
-			Containers:                    []corev1.Container{{Name: "main", Image: "lab", Command: cmd}},
+			Containers:                    []corev1.Container{{Name: "main", Image: lab.AgnhostImage, Args: args}},
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
 		},
 	}
@@ -238,19 +260,26 @@ func Pod(name, node string, cmd ...string) *corev1.Pod {
 	return p
 }
 
-// Netexec is a pod serving its name on TCP and UDP port (tabbyctl lab
-// netexec), Ready once its TCP port answers.
-func Netexec(name, node string, port int) *corev1.Pod {
-	p := Pod(name, node, Tabbyctl(), "lab", "netexec", "--tcp", fmt.Sprint(port), "--udp", fmt.Sprint(port))
-	p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{
-		ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt(port)}},
-		PeriodSeconds: 1,
+// Shell is a pod that runs a shell script in the agnhost image.
+func Shell(name, node, script string) *corev1.Pod {
+	p := Pod(name, node, "-c", script)
+	p.Spec.Containers[0].Command = []string{"/bin/sh"}
+	return p
+}
+
+// Web is a pod serving its name on TCP and UDP port (agnhost
+// serve-hostname: a TCP connection gets the pod's hostname, so does a UDP
+// datagram), Ready once its TCP port answers.
+func Web(name, node string, port int) *corev1.Pod {
+	p := lab.WebPod(metav1.NamespaceDefault, name, int32(port))
+	if node != "" {
+		p.Spec.NodeSelector = map[string]string{corev1.LabelHostname: node}
 	}
 	return p
 }
 
-// Sleeper is a pod that sleeps.
-func Sleeper(name, node string) *corev1.Pod { return Pod(name, node, "sleep", "3600") }
+// Sleeper is a pod that does nothing (agnhost pause).
+func Sleeper(name, node string) *corev1.Pod { return Pod(name, node, "pause") }
 
 // Create creates pods.
 func (l *Lab) Create(t testing.TB, pods ...*corev1.Pod) {
@@ -319,4 +348,33 @@ func (l *Lab) WaitGone(t testing.TB, name string, d time.Duration) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// PodNetNS is the path of a running pod's network namespace
+// (/proc/PID/ns/net of one of its processes), as lab exec finds it.
+func (l *Lab) PodNetNS(t testing.TB, ref string) string {
+	t.Helper()
+	path, err := lab.PodNetNS(context.Background(), l.State, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TabbydProc is the tabbyd process of a node: tabby-node's container runs
+// it in the node's network namespace.
+func (l *Lab) TabbydProc(t testing.TB, node string) lab.Proc {
+	t.Helper()
+	n := l.Node(t, node)
+	p, err := lab.NodeProcess(n, "tabbyd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Kubectl runs the control plane's kubectl with the lab's admin kubeconfig
+// and returns its combined output and exit status.
+func (l *Lab) Kubectl(args ...string) (string, int) {
+	return run(nil, filepath.Join(Binaries.ControlPlane, "kubectl"), append([]string{"--kubeconfig", l.Kubeconfig}, args...)...)
 }

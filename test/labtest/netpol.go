@@ -18,7 +18,6 @@ package labtest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -134,10 +133,7 @@ func NewNetpolModel(t testing.TB, l *Lab, nodes []string) *NetpolModel {
 			}
 			if err == nil {
 				p.IP = netip.MustParseAddr(got.Status.PodIP)
-				p.NetNS = got.Annotations[lab.AnnotationNetNS]
-				if p.NetNS == "" {
-					err = errors.New("no network namespace annotation")
-				}
+				p.NetNS, err = lab.PodNetNS(ctx, l.State, p.Namespace+"/"+p.Name)
 			}
 			if err == nil {
 				break

@@ -201,10 +201,10 @@ func (r FlowResult) String() string {
 // lab kubelet) to the pod to, which serves netexec on port.
 func (l *Lab) StartFlow(t testing.TB, from, to *corev1.Pod, port int, interval time.Duration) *Flow {
 	t.Helper()
-	nsPath := from.Annotations[lab.AnnotationNetNS]
-	if nsPath == "" || to.Status.PodIP == "" {
+	if to.Status.PodIP == "" {
 		t.Fatalf("flow %s -> %s: the pods are not wired yet", from.Name, to.Name)
 	}
+	nsPath := l.PodNetNS(t, from.Namespace+"/"+from.Name)
 	f := &Flow{t: t, out: &syncBuffer{}, stopTCP: make(chan struct{}), started: time.Now()}
 	f.ping = exec.Command("nsenter", "--net="+nsPath, "ping", "-n", "-i", fmt.Sprintf("%.3f", interval.Seconds()), "-W", "1", to.Status.PodIP)
 	f.ping.Stdout, f.ping.Stderr = f.out, f.out

@@ -31,7 +31,7 @@ const webPort = 8080
 func webs(t *testing.T, l *Lab, nodes ...int) map[string]*corev1.Pod {
 	t.Helper()
 	for _, n := range nodes {
-		l.Create(t, Netexec(fmt.Sprintf("web%d", n), fmt.Sprintf("node%d", n), webPort))
+		l.Create(t, Web(fmt.Sprintf("web%d", n), fmt.Sprintf("node%d", n), webPort))
 	}
 	out := map[string]*corev1.Pod{}
 	for _, n := range nodes {
@@ -434,7 +434,7 @@ func TestTabbydRestart(t *testing.T) {
 			if _, err := l.DS(t).IPPools.Create(ctx, blue, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			p := Netexec("blue3", "node3", webPort)
+			p := Web("blue3", "node3", webPort)
 			p.Annotations = map[string]string{tabbyv1.AnnotationIPv4Pools: `["blue"]`}
 			l.Create(t, p)
 			blue3 := l.WaitPod(t, "blue3", 30*time.Second, Running(true))
