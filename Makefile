@@ -6,32 +6,47 @@ LDFLAGS := -s -w -X github.com/tabbynet/tabby/internal/buildinfo.Version=$(VERSI
 BINS := tabby tabby-ipam tabbyd tabby-scheduler-extender tabbyctl
 GOTEST_FLAGS ?= -count=1 -timeout 30m
 
-.PHONY: all build deps controlplane test e2e bench lab generate check-generated vet clean
+.PHONY: all build deps controlplane runtime test e2e bench lab generate check-generated vet clean
+
+# What the tests and the lab run, built from the Go module proxy and cached
+# by content in ~/.cache/tabby (see hack/lib/buildcache.sh): the folders the
+# build scripts print.
+LABENV = TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_RUNTIME_DIR=$$(test/runtime/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin
 
 all: build
 
 ## build: compile tabby's programs into ./bin, with the reference CNI plugins
 ## its image ships (loopback, portmap) from the module go.mod pins
 build:
+	@echo "==> building tabby's programs into ./bin"
 	@mkdir -p bin
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINS))
 	hack/build-cni-plugins.sh bin
 
 ## deps: install the Debian packages tests and the lab need (as root)
 deps:
+	@echo "==> Debian packages (hack/install-deps.sh)"
 	@hack/install-deps.sh
 
-## controlplane: build etcd, kube-apiserver, ... from the Go module proxy (cached in .cache/)
+## controlplane: build the Kubernetes programs (etcd, kube-apiserver, ...,
+## kubelet, kube-proxy, agnhost, pause) from the Go module proxy
 controlplane:
+	@echo "==> Kubernetes v1.35.4 programs (test/controlplane/build.sh; cached)"
 	@test/controlplane/build.sh >/dev/null
 
-## test: everything: unit tests, tests against the real API server, real-kernel and CNI end-to-end tests
-test: deps build controlplane vet
-	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test $(GOTEST_FLAGS) ./...
+## runtime: build containerd v2 and CoreDNS from the Go module proxy
+runtime:
+	@echo "==> containerd and CoreDNS (test/runtime/build.sh; cached)"
+	@test/runtime/build.sh >/dev/null
+
+## test: everything: unit tests, tests against the real API server, real-kernel and CNI end-to-end tests, the lab's real clusters
+test: deps build controlplane runtime vet
+	@echo "==> go test ./... (lab tests bring up real clusters: about 15 minutes)"
+	$(LABENV) go test $(GOTEST_FLAGS) ./...
 
 ## e2e: the end-to-end suites only
-e2e: deps build controlplane
-	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin go test $(GOTEST_FLAGS) -v ./test/e2e/...
+e2e: deps build controlplane runtime
+	$(LABENV) go test $(GOTEST_FLAGS) -v ./test/e2e/...
 
 ## bench: benchmarks against peers (see test/bench): ADD/DEL latency over 200
 ## interleaved iterations, then three bursts of 100 pods (1 to 2 minutes);
@@ -43,8 +58,8 @@ e2e: deps build controlplane
 ## scheduler extender: filter+prioritize p50/p99 at 5,000 nodes and 50,000
 ## pods, and pods/s of the real kube-scheduler with and without it (1,000
 ## pods on 500 nodes; about 1 minute)
-bench: deps build controlplane
-	export TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin; \
+bench: deps build controlplane runtime
+	export $(LABENV); \
 	go test -count=1 -timeout 30m -run '^$$' -bench AddDel -benchtime 200x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench Burst -benchtime 3x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolFullSync -benchtime 3x ./test/bench/... && \
@@ -55,10 +70,12 @@ bench: deps build controlplane
 	go test -count=1 -timeout 30m -run '^$$' -bench BenchmarkExtender -benchtime 200x ./scheduler-extender/plugins/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench SchedulingThroughput -benchtime 1x ./test/schedtest/
 
-## lab: the main job (see README): a 3-node lab with pods, a connectivity
-## matrix and each node's BGP peers; the lab stays up (tabbyctl lab down)
-lab: deps build controlplane
-	TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) ./bin/tabbyctl lab demo --nodes 3
+## lab: the main job (see README): a real 3-node cluster with tabby, pods,
+## a connectivity matrix, a Service by name, a NetworkPolicy and each node's
+## BGP peers; the lab stays up (tabbyctl lab down)
+lab: deps build controlplane runtime
+	@echo "==> the lab: tabbyctl lab demo --nodes 3"
+	$(LABENV) ./bin/tabbyctl lab demo --nodes 3
 
 GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*' -not -path './test/runtime/*')
 

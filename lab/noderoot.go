@@ -194,6 +194,12 @@ func makeNodeMounts(mounts []nodeMount, keep []string, overlayDir string) error 
 		}
 	}
 	var tmpfsKeep []string
+	for i, k := range keep {
+		// /var/run/tabby-lab is /run/tabby-lab.
+		if real, err := filepath.EvalSymlinks(k); err == nil {
+			keep[i] = real
+		}
+	}
 	for _, m := range mounts {
 		if m.Kind != mountTmpfs {
 			continue
@@ -231,11 +237,11 @@ func makeNodeMounts(mounts []nodeMount, keep []string, overlayDir string) error 
 				return err
 			}
 		case mountBind:
-			st, err := os.Stat(m.Source)
-			if err != nil {
-				return err
+			var st unix.Stat_t
+			if err := unix.Fstat(fds[m.Source], &st); err != nil {
+				return fmt.Errorf("%s: %w", m.Source, err)
 			}
-			if err := ensurePath(m.Target, st.IsDir(), overlayDir, overlaid); err != nil {
+			if err := ensurePath(m.Target, st.Mode&unix.S_IFMT == unix.S_IFDIR, overlayDir, overlaid); err != nil {
 				return err
 			}
 			if err := unix.Mount(fdPath(fds[m.Source]), m.Target, "", unix.MS_BIND, ""); err != nil {

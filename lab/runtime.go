@@ -2,7 +2,6 @@ package lab
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,6 +21,11 @@ const (
 	// libcni speaks CNI only up to 1.0.0: what many clusters still run.
 	RuntimeContainerd16 = "containerd1.6"
 )
+
+// EnvRuntimeDir names a folder holding containerd, its shim, ctr and
+// coredns (what test/runtime/build.sh prints); tabbyctl lab up and the lab
+// tests take it as the default of --runtime-dir.
+const EnvRuntimeDir = "TABBY_RUNTIME_DIR"
 
 // Runtimes are the values of Options.Runtime.
 var Runtimes = []string{RuntimeContainerd, RuntimeContainerd16}
@@ -268,5 +272,3 @@ func runtimeName(runtime string) string {
 	}
 	return "containerd v2"
 }
-
-var _ = fmt.Sprintf

@@ -137,6 +137,9 @@ func completeUpOptions(o *lab.Options, repo, dir string, out io.Writer) error {
 	if o.ControlPlaneDir == "" {
 		o.ControlPlaneDir = os.Getenv(cluster.EnvControlPlaneDir)
 	}
+	if o.RuntimeDir == "" {
+		o.RuntimeDir = os.Getenv(lab.EnvRuntimeDir)
+	}
 	if o.RepoRoot = repo; repo == "" {
 		if o.RepoRoot, err = findRepo(exeDir); err != nil {
 			return err
@@ -162,7 +165,7 @@ func addUpFlags(cmd *cobra.Command, o *lab.Options, repo *string) {
 	f.StringVar(&o.PodCIDR, "pod-cidr", lab.DefaultPodCIDR, `the default IPPool's range ("" for no pool)`)
 	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabby's programs, loopback and portmap, which tabby's image is built from (default: tabbyctl's own folder)")
 	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ..., kubelet, kube-proxy, agnhost, pause (default $"+cluster.EnvControlPlaneDir+", else built)")
-	f.StringVar(&o.RuntimeDir, "runtime-dir", "", "folder holding containerd, containerd-shim-runc-v2, ctr and coredns (default: built by test/runtime/build.sh)")
+	f.StringVar(&o.RuntimeDir, "runtime-dir", "", "folder holding containerd, containerd-shim-runc-v2, ctr and coredns (default $"+lab.EnvRuntimeDir+", else built by test/runtime/build.sh)")
 	f.StringVar(&o.CacheDir, "cache-dir", "", "where built images and Debian packages are cached (default $"+labimage.EnvCacheDir+", else ~/.cache/tabby)")
 	f.StringVar(repo, "repo", "", "the tabby repository (deploy/ is applied and kube-scheduler configured from it; default: found above the working directory or tabbyctl)")
 	f.IntVar(&o.APIPort, "api-port", 0, "host loopback port of the API server forward (default: a free one)")

@@ -18,15 +18,17 @@ func labDemoCommand(dir *string) *cobra.Command {
 		Use:   "demo",
 		Short: "the lab's main job: a lab of 3 nodes, pods on each, a connectivity matrix, a NetworkPolicy and the BGP peers (make lab)",
 		Long: `demo starts a lab as lab up does (unless one is up in --dir already; then
-it uses that one), creates netexec pods on every node (web1-a, web1-b, ...)
-in the default IPPool, prints their addresses and nodes, how kube-scheduler
-placed them through tabby-scheduler-extender (and one more pod, near-<last>,
-placed by required pod affinity), a matrix of real probes from every pod to
-every pod (a TCP connection answered by the target's server and a ping, both
-from inside the source pod), the matrix again under a NetworkPolicy that lets
-only the first pod reach the last one on TCP (deny cells marked), deletes
-that policy again and checks every pair is open, prints each node's BGP
-peers, then says how to use the lab. The lab stays up: tabbyctl lab down
+it uses that one), creates web pods on every node (web1-a, web1-b, ...:
+agnhost serve-hostname) in the default IPPool, prints their addresses and
+nodes, how kube-scheduler placed them through tabby-scheduler-extender (and
+one more pod, near-<last>, placed by required pod affinity), a matrix of real
+probes from every pod to every pod (a TCP connection answered by the target's
+server and a ping, both from inside the source pod), a ClusterIP Service in
+front of the last pod reached by its DNS name from inside the first pod's
+container, the matrix again under a NetworkPolicy that lets only the first
+pod reach the last one on TCP (deny cells marked), deletes that policy again
+and checks every pair is open, prints each node's BGP peers, then says how
+to use the lab. The lab stays up: tabbyctl lab down
 removes it. It exits with status 1 when a probe or a placement was not as
 expected.`,
 		Args: cobra.NoArgs,
@@ -55,6 +57,6 @@ expected.`,
 		},
 	}
 	addUpFlags(cmd, &o, &repo)
-	cmd.Flags().IntVar(&perNode, "pods-per-node", 2, "netexec pods on each node")
+	cmd.Flags().IntVar(&perNode, "pods-per-node", 2, "web pods on each node")
 	return cmd
 }

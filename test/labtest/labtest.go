@@ -48,7 +48,7 @@ import (
 // Setup runs that script.
 const (
 	EnvBinDir     = "TABBY_BIN_DIR"
-	EnvRuntimeDir = "TABBY_RUNTIME_DIR"
+	EnvRuntimeDir = lab.EnvRuntimeDir
 )
 
 // Binaries are what the labs run.
