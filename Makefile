@@ -77,7 +77,7 @@ lab: deps build controlplane runtime
 	@echo "==> the lab: tabbyctl lab demo --nodes 3"
 	$(LABENV) ./bin/tabbyctl lab demo --nodes 3
 
-GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*' -not -path './test/runtime/*')
+GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*' -not -path './test/runtime/*' -not -path './test/upstream/*')
 
 ## vet: gofmt, go vet, and the generated code and CRDs match api/
 vet: check-generated
