@@ -53,8 +53,10 @@ e2e: deps build controlplane runtime
 ## then NetworkPolicy: full sync of 1,000 policies over 5,000 pods, rule
 ## count against policies and pods, 50 label flips end to end through
 ## tabbyd's controller, iperf3 with and without policies (about 4 minutes);
-## then route convergence, BGP sessions and tabbyd memory in labs of 10 and
-## 30 nodes, full mesh against route reflectors (about 2 minutes); then the
+## then route convergence, BGP sessions and tabbyd memory with 10 and 30
+## nodes running tabbyd alone, full mesh against route reflectors (about 2½
+## minutes); pod start-up on 3 real nodes and what a node costs (about 2
+## minutes); then the
 ## scheduler extender: filter+prioritize p50/p99 at 5,000 nodes and 50,000
 ## pods, and pods/s of the real kube-scheduler with and without it (1,000
 ## pods on 500 nodes; about 1 minute)
@@ -66,7 +68,8 @@ bench: deps build controlplane runtime
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolRuleCount -benchtime 1x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolLabelFlip -benchtime 50x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolThroughput -benchtime 3x ./test/bench/... && \
-	go test -count=1 -timeout 30m -run '^$$' -bench RouteConvergence -benchtime 1x ./test/labtest/ && \
+	go test -count=1 -timeout 30m -run '^$$' -bench RouteConvergence -benchtime 1x ./test/bench/ && \
+	go test -count=1 -timeout 30m -run '^$$' -bench PodStartup -benchtime 1x ./test/labtest/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench BenchmarkExtender -benchtime 200x ./scheduler-extender/plugins/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench SchedulingThroughput -benchtime 1x ./test/schedtest/
 

@@ -1,6 +1,7 @@
 package labtest
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net/netip"
@@ -358,6 +359,31 @@ func TestLab(t *testing.T) {
 		}
 		if out, code := l.Kubectl("logs", "srv1"); code != 0 || !strings.Contains(out, "TCP request from "+cli.Status.PodIP) {
 			t.Errorf("kubectl logs srv1: exit %d:\n%s", code, out)
+		}
+		// kubectl attach: the output of a running container.
+		l.Create(t, Shell("ticker", "node2", "while true; do echo tick; sleep 0.2; done"))
+		l.WaitPod(t, "ticker", time.Minute, Running(false))
+		if out, _ := run(nil, "timeout", "3", filepath.Join(Binaries.ControlPlane, "kubectl"), "--kubeconfig", l.Kubeconfig, "attach", "ticker"); !strings.Contains(out, "tick") {
+			t.Errorf("kubectl attach ticker printed %q", out)
+		}
+		// kubectl port-forward: a port on the host's loopback to the pod.
+		pf := exec.Command(filepath.Join(Binaries.ControlPlane, "kubectl"), "--kubeconfig", l.Kubeconfig, "port-forward", "pod/srv1", ":8080", "--address", "127.0.0.1")
+		pfOut, err := pf.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pf.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := pf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = pf.Process.Kill(); _ = pf.Wait() }()
+		line, _ := bufio.NewReader(pfOut).ReadString('\n')
+		var port int
+		if _, err := fmt.Sscanf(strings.TrimSpace(line), "Forwarding from 127.0.0.1:%d -> 8080", &port); err != nil {
+			t.Fatalf("kubectl port-forward said %q: %v", line, err)
+		}
+		if got, err := lab.Probe(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second); err != nil || got != "srv1" {
+			t.Errorf("through kubectl port-forward: %q %v", got, err)
 		}
 	})
 
