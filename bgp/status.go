@@ -30,7 +30,8 @@ func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 // of them. Called with s.mu held.
 func (s *Speaker) peerStates(ctx context.Context, r rib) ([]PeerState, error) {
 	gobgp := map[string]*api.Peer{}
-	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+	// EnableAdvertised: Transition needs what we send each peer.
+	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
 		if p.GetConf() != nil {
 			if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
 				gobgp[a.Unmap().String()] = p
@@ -77,6 +78,7 @@ func fillState(st *PeerState, gp *api.Peer, now time.Time) {
 	for _, af := range gp.AfiSafis {
 		st.Received += int(af.GetState().GetReceived())
 		st.Accepted += int(af.GetState().GetAccepted())
+		st.Advertised += int(af.GetState().GetAdvertised())
 		eor = eor && af.GetMpGracefulRestart().GetState().GetEndOfRibReceived()
 	}
 	st.Synced = st.Established() && (eor || now.Sub(st.Since) >= syncGrace)

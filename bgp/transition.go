@@ -31,8 +31,9 @@ type PeerState struct {
 	// Synced: the peer has sent all its routes (End-of-RIB) since the session
 	// came up.
 	Synced bool
-	// Received and Accepted count the routes the peer sent us.
-	Received, Accepted int
+	// Received and Accepted count the routes the peer sent us; Advertised
+	// those we send it.
+	Received, Accepted, Advertised int
 	// Prefixes are the prefixes the peer currently gives us (retained stale
 	// routes of a restarting peer excluded).
 	Prefixes []netip.Prefix
@@ -126,6 +127,12 @@ type Hold struct {
 //     it: a node that left, a mesh shrinking), or after opt.Timeout. When
 //     it is covered, it still stays opt.Settle, so that the remote end gets
 //     our prefixes over its new sessions before this one drops at both ends.
+//     A session with another tabby node that gives us nothing but carries
+//     our prefixes is left to the remote to remove (it runs this same rule
+//     and sees when ours reach it over its new sessions), up to opt.Timeout:
+//     removing a session drops it at both ends, and with nothing of its own
+//     to wait for, this end cannot know when the remote may lose it (a new
+//     reflector re-creates its sessions only after opt.ChangeDelay).
 //   - A session whose settings changed (which needs a reset) is re-created
 //     at once when it is not established, otherwise opt.ChangeDelay after
 //     the change was first seen.
@@ -188,6 +195,10 @@ func Transition(now time.Time, current map[string]PeerState, desired []Peer, opt
 		switch {
 		case !cur.Established() || !relays:
 			plan.Remove = append(plan.Remove, key)
+		case len(cur.Prefixes) == 0 && cur.Advertised > 0 && cur.Node != "":
+			if !hold(cur, opt.Timeout, "no longer desired: it carries our %d prefixes to %s, which removes it once they arrive over its new sessions", cur.Advertised, cur.Node) {
+				plan.Remove = append(plan.Remove, key)
+			}
 		case len(lost) > 0:
 			if !hold(cur, opt.Timeout, "no longer desired: waiting for %d of its prefixes (%s first) to arrive over other sessions", len(lost), lost[0]) {
 				plan.Remove = append(plan.Remove, key)

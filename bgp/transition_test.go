@@ -171,6 +171,33 @@ func TestTransition(t *testing.T) {
 				"10.0.0.2": running(rrAt1[2], t0, 2, 3, 4), "10.0.0.3": running(moved[3], later(5*time.Second), 2, 3, 4)}, later(6*time.Second), "10.0.0.2"),
 			desired: list(moved),
 			want:    "add ; change ; remove 10.0.0.2; held "},
+		{name: "mesh→RR at a client with a block: a mesh session that gives nothing but carries our block waits for the remote",
+			now: later(5 * time.Second), current: func() map[string]PeerState {
+				m := withRR(2)
+				s := m["10.0.0.3"]
+				s.Prefixes, s.Advertised = nil, 1
+				m["10.0.0.3"] = s
+				return m
+			}(), desired: list(rrAt1),
+			want: "add ; change ; remove ; held 10.0.0.3,10.0.0.4"},
+		{name: "...and goes at the transition timeout if the remote never removes it",
+			now: later(DefaultTransitionTimeout + 2*time.Second), current: func() map[string]PeerState {
+				m := held(withRR(2), later(time.Second), "10.0.0.3")
+				s := m["10.0.0.3"]
+				s.Prefixes, s.Advertised = nil, 1
+				m["10.0.0.3"] = s
+				return m
+			}(), desired: list(rrAt1),
+			want: "add ; change ; remove 10.0.0.3; held 10.0.0.4"},
+		{name: "a session that carries nothing either way goes after the settle time, as before",
+			now: later(5 * time.Second), current: func() map[string]PeerState {
+				m := covered(withRR(2), later(5*time.Second-DefaultSettle), "10.0.0.3")
+				s := m["10.0.0.3"]
+				s.Prefixes, s.Advertised = nil, 0
+				m["10.0.0.3"] = s
+				return m
+			}(), desired: list(rrAt1),
+			want: "add ; change ; remove 10.0.0.3; held 10.0.0.4"},
 		{name: "peer gone with no replacement: removed at once",
 			now: later(time.Second), current: meshCurrent, desired: []Peer{meshAt1[2], meshAt1[4]},
 			want: "add ; change ; remove 10.0.0.3; held "},
