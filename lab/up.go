@@ -222,6 +222,20 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 		return st, fmt.Errorf("waiting for tabby (see kubectl -n %s logs ds/tabby-node): %w", tabbyNamespace, err)
 	}
 	o.progress("tabby-node ready on every node, kube-proxy too [%.1fs]", time.Since(start).Seconds())
+	if st.PodCIDR == "" {
+		// Without a pool tabby's CNI STATUS fails ("no usable IP pool"),
+		// so the nodes stay NotReady and CoreDNS Pending: the lab is up
+		// as far as it can be.
+		if err := waitExtenderAccepts(rctx, st); err != nil {
+			return st, fmt.Errorf("waiting for %s to pass every node: %w", ExtenderName, err)
+		}
+		o.progress("no IPPool (--pod-cidr \"\"): the nodes stay NotReady and CoreDNS Pending until you create one (kubectl apply an IPPool)")
+		if err := st.update(func(s *State) { s.Ready = true }); err != nil {
+			return st, err
+		}
+		o.progress("lab %s is up in %.1fs: %d nodes; kubeconfig: %s", o.Name, time.Since(start).Seconds(), o.Nodes, st.Kubeconfig)
+		return st, nil
+	}
 	for i := range st.Nodes {
 		n := &st.Nodes[i]
 		err := poll(rctx, 100*time.Millisecond, func() error {

@@ -385,16 +385,22 @@ func someCIDR(t *testing.T, m *NetpolModel, p *NetpolPod) netip.Prefix {
 
 // TestNetworkPolicy runs the upstream NetworkPolicy e2e scenarios as
 // truth tables in one 2-node lab: namespaces x, y, z with pods a, b, c
-// spread over both nodes (same-node and cross-node paths), each serving
-// TCP and UDP on 80 and 81. Every scenario starts from no policy (the
-// matrix all open), creates its policies and checks the whole matrix,
-// then the next scenario removes them.
+// spread over both nodes (same-node and cross-node paths), real pods of
+// the nodes' kubelets, each serving TCP and UDP on 80 and 81 from agnhost
+// containers. Every scenario starts from no policy (the matrix all open),
+// creates its policies and checks the whole matrix, then the next
+// scenario removes them.
 //
 // It does not run in parallel with the package's other labs: probes time
 // out after a second, and a loaded 2-core machine would make slow answers
 // look like denials.
 func TestNetworkPolicy(t *testing.T) {
 	start := time.Now()
+	if err := SCTPSupport(); err != nil {
+		t.Logf("SCTP traffic is not probed (upstream's [Feature:SCTPConnectivity]): this kernel has no SCTP (%v); the scenarios with SCTP ports run and check TCP and UDP", err)
+	} else {
+		t.Logf("SCTP traffic is not probed (upstream's [Feature:SCTPConnectivity]: the model serves TCP and UDP); the scenarios with SCTP ports check TCP and UDP")
+	}
 	l := Up(t, "--nodes", "2")
 	m := NewNetpolModel(t, l, []string{"node1", "node2"})
 	for _, p := range m.Pods {

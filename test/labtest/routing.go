@@ -162,9 +162,10 @@ func (l *Lab) AddHost(t testing.TB, name string, subnet int, addr netip.Prefix) 
 	return ns
 }
 
-// Flow is a continuous probe between two pods, to tell whether traffic
-// ever stops: ping every Interval (ICMP) and a TCP connection to a
-// netexec server every Interval, both from inside the source pod.
+// Flow is a continuous probe from a pod (or a node) to a pod, to tell
+// whether traffic ever stops: ping every Interval (ICMP) and a TCP
+// connection to an agnhost serve-hostname server (Web) every Interval,
+// both from inside the source's network namespace.
 type Flow struct {
 	t        testing.TB
 	ping     *exec.Cmd
@@ -193,18 +194,58 @@ type FlowResult struct {
 func (r FlowResult) OK() bool { return len(r.Lost) == 0 && len(r.TCPFails) == 0 }
 
 func (r FlowResult) String() string {
-	return fmt.Sprintf("%v: %d pings, %d answered, lost %v; %d TCP connections, %d failed %v",
-		r.Duration.Round(time.Millisecond), r.Pings, r.Answered, r.Lost, r.TCP, len(r.TCPFails), r.TCPFails)
+	fails := fmt.Sprint(r.TCPFails)
+	if n := len(r.TCPFails); n > 4 {
+		fails = fmt.Sprintf("[%s; %s ... %d more ... %s]", r.TCPFails[0], r.TCPFails[1], n-3, r.TCPFails[n-1])
+	}
+	return fmt.Sprintf("%v: %d pings, %d answered, lost %s; %d TCP connections, %d failed %s",
+		r.Duration.Round(time.Millisecond), r.Pings, r.Answered, seqRanges(r.Lost), r.TCP, len(r.TCPFails), fails)
 }
 
-// StartFlow starts a continuous probe from pod from (Running, wired by the
-// lab kubelet) to the pod to, which serves netexec on port.
+// seqRanges writes ascending sequence numbers as ranges: [3 7-9].
+func seqRanges(seqs []int) string {
+	var parts []string
+	for i := 0; i < len(seqs); {
+		j := i
+		for j+1 < len(seqs) && seqs[j+1] == seqs[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, strconv.Itoa(seqs[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d (%d)", seqs[i], seqs[j], j-i+1))
+		}
+		i = j + 1
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// StartFlow starts a continuous probe from the Running pod from to the
+// pod to, a Web pod serving its name on port.
 func (l *Lab) StartFlow(t testing.TB, from, to *corev1.Pod, port int, interval time.Duration) *Flow {
 	t.Helper()
 	if to.Status.PodIP == "" {
 		t.Fatalf("flow %s -> %s: the pods are not wired yet", from.Name, to.Name)
 	}
-	nsPath := l.PodNetNS(t, from.Namespace+"/"+from.Name)
+	return startFlow(t, l.PodNetNS(t, from.Namespace+"/"+from.Name), to, port, interval)
+}
+
+// StartNodeFlow starts a continuous probe from a node (its network
+// namespace: what the node's own programs, hostNetwork pods and
+// kube-proxy's forwarding send) to the pod to, a Web pod serving its name
+// on port.
+func (l *Lab) StartNodeFlow(t testing.TB, node string, to *corev1.Pod, port int, interval time.Duration) *Flow {
+	t.Helper()
+	if to.Status.PodIP == "" {
+		t.Fatalf("flow %s -> %s: the pod is not wired yet", node, to.Name)
+	}
+	return startFlow(t, lab.NetNSPath(l.Node(t, node).NetNS), to, port, interval)
+}
+
+// startFlow starts a continuous probe from the network namespace at
+// nsPath to the Web pod to.
+func startFlow(t testing.TB, nsPath string, to *corev1.Pod, port int, interval time.Duration) *Flow {
+	t.Helper()
 	f := &Flow{t: t, out: &syncBuffer{}, stopTCP: make(chan struct{}), started: time.Now()}
 	f.ping = exec.Command("nsenter", "--net="+nsPath, "ping", "-n", "-i", fmt.Sprintf("%.3f", interval.Seconds()), "-W", "1", to.Status.PodIP)
 	f.ping.Stdout, f.ping.Stderr = f.out, f.out

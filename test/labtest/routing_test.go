@@ -22,12 +22,14 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
+	"github.com/tabbynet/tabby/lab"
 )
 
 const webPort = 8080
 
-// webs creates a netexec pod webN on each node N of nodes and returns
-// them Running and Ready, by name.
+// webs creates a Web pod webN (agnhost serve-hostname, answering its
+// name) on each node N of nodes and returns them Running and Ready, by
+// name.
 func webs(t *testing.T, l *Lab, nodes ...int) map[string]*corev1.Pod {
 	t.Helper()
 	for _, n := range nodes {
@@ -67,7 +69,7 @@ func waitMesh(t *testing.T, l *Lab, n int, d time.Duration) {
 }
 
 // reach checks that pod from reaches pod to: ping and a TCP connection
-// to its netexec server, which answers its name.
+// to its serve-hostname server, which answers its name.
 func reach(t *testing.T, l *Lab, from, to *corev1.Pod) {
 	t.Helper()
 	if out, code := l.Exec("default/"+from.Name, "ping", "-c", "1", "-W", "2", to.Status.PodIP); code != 0 {
@@ -162,17 +164,7 @@ func TestRouteReflector(t *testing.T) {
 	}
 	reach(t, l, pods["web1"], pods["web2"])
 
-	label := func(value *string) {
-		t.Helper()
-		v := "null"
-		if value != nil {
-			v = strconv.Quote(*value)
-		}
-		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, tabbyv1.LabelRouteReflector, v)
-		if _, err := l.CS.CoreV1().Nodes().Patch(context.Background(), "node4", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	label := func(value *string) { t.Helper(); labelReflector(t, l, "node4", value) }
 	on := "true"
 
 	f1 := l.StartFlow(t, pods["web1"], pods["web2"], webPort, 50*time.Millisecond)
@@ -211,6 +203,80 @@ func TestRouteReflector(t *testing.T) {
 	}
 }
 
+// labelReflector sets the route-reflector label of node to value, or
+// removes it for nil.
+func labelReflector(t *testing.T, l *Lab, node string, value *string) {
+	t.Helper()
+	v := "null"
+	if value != nil {
+		v = strconv.Quote(*value)
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, tabbyv1.LabelRouteReflector, v)
+	if _, err := l.CS.CoreV1().Nodes().Patch(context.Background(), node, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRouteReflectorNodeWithoutPods: a node that advertises nothing (no
+// pod, so no block: a new node, or one running only hostNetwork pods)
+// keeps its routes to the other nodes' pods while node4 becomes a route
+// reflector. The other nodes drop their mesh sessions with it once what it
+// gives them (nothing) is covered, which drops them at its end too; it
+// must have their blocks over the reflector by then. A continuous probe
+// from the node (its own programs, hostNetwork pods and kube-proxy's
+// forwarding send from there) to a pod on another node loses nothing.
+func TestRouteReflectorNodeWithoutPods(t *testing.T) {
+	t.Parallel()
+	l := Up(t, "--nodes", "4")
+	waitMesh(t, l, 4, 30*time.Second)
+	// CoreDNS's pods may have given nodes a block: the node without pods
+	// is one of node1..node3 that has none, the web pod goes to another.
+	hasBlock := func(node string) bool {
+		for _, line := range strings.Split(l.NodeRoutes(t, node), "\n") {
+			if strings.HasPrefix(line, "blackhole ") && strings.Contains(line, "proto 81") {
+				return true
+			}
+		}
+		return false
+	}
+	var empty, other string
+	for _, n := range []string{"node1", "node2", "node3"} {
+		switch {
+		case empty == "" && !hasBlock(n):
+			empty = n
+		case other == "":
+			other = n
+		}
+	}
+	if empty == "" {
+		t.Fatalf("node1, node2 and node3 all have a block before the test made a pod (CoreDNS has 2)")
+	}
+	l.Create(t, Web("web", other, webPort))
+	web := l.WaitPod(t, "web", 30*time.Second, Running(true))
+	l.WaitRoute(t, empty, blockOf(web), 10*time.Second)
+	if hasBlock(empty) {
+		t.Fatalf("%s got a block meanwhile", empty)
+	}
+	t.Logf("%s has no pod and no block; web runs on %s", empty, other)
+
+	f := l.StartNodeFlow(t, empty, web, webPort, 50*time.Millisecond)
+	time.Sleep(time.Second)
+	start := time.Now()
+	on := "true"
+	labelReflector(t, l, "node4", &on)
+	for i := 1; i <= 3; i++ {
+		l.WaitBGP(t, fmt.Sprintf("node%d", i), 90*time.Second, Sessions(map[string]string{"node4": "route-reflector"}))
+	}
+	l.WaitBGP(t, "node4", 30*time.Second, Sessions(map[string]string{"node1": "route-reflector-client", "node2": "route-reflector-client", "node3": "route-reflector-client"}))
+	t.Logf("mesh -> route reflector in %v", time.Since(start).Round(time.Millisecond))
+	time.Sleep(2 * time.Second)
+	r := f.Stop()
+	t.Logf("flow from %s to web on %s during mesh -> route reflector: %s", empty, other, r)
+	if !r.OK() {
+		t.Errorf("traffic from %s (no pods) to a pod on %s was lost while node4 became a route reflector: %s", empty, other, r)
+	}
+}
+
 // txPackets reads a node's counter of packets sent by the VXLAN device.
 func txPackets(t *testing.T, l *Lab, node string) int {
 	t.Helper()
@@ -229,14 +295,22 @@ func txPackets(t *testing.T, l *Lab, node string) int {
 // vxlanMode CrossSubnet. node1 and node3 share a subnet, node2 is behind
 // the router: node1 reaches node3's pods natively and node2's over
 // tabby.vxlan, whose counters rise only for the latter.
+//
+// The pool is the cluster's only one, made as users make it with the
+// DaemonSet's flags (calico-node's CALICO_IPV4POOL_VXLAN=CrossSubnet): a
+// node whose CNI has no pool is not Ready, so lab up cannot wait for a
+// pool created after it.
 func TestVXLANCrossSubnet(t *testing.T) {
 	t.Parallel()
-	l := Up(t, "--nodes", "3", "--subnets", "2", "--pod-cidr", "")
+	l := Up(t, "--nodes", "3", "--subnets", "2", "--pod-cidr", "10.250.0.0/16",
+		"--tabbyd-arg=--default-ipv4-pool-encapsulation=VXLANCrossSubnet")
 	ctx := context.Background()
-	pool := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "vxlan-cross-subnet"},
-		Spec: tabbyv1.IPPoolSpec{CIDR: "10.250.0.0/16", VXLANMode: tabbyv1.EncapCrossSubnet, NATOutgoing: true}}
-	if _, err := l.DS(t).IPPools.Create(ctx, pool, metav1.CreateOptions{}); err != nil {
+	pools, err := l.DS(t).IPPools.List(ctx, metav1.ListOptions{})
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(pools.Items) != 1 || pools.Items[0].Spec.CIDR != "10.250.0.0/16" || pools.Items[0].Spec.VXLANMode != tabbyv1.EncapCrossSubnet {
+		t.Fatalf("want one pool 10.250.0.0/16 with vxlanMode %s, have %+v", tabbyv1.EncapCrossSubnet, pools.Items)
 	}
 	// Every node publishes its VXLAN identity; the tunnel address comes
 	// from the pool, as a Tunnel allocation.
@@ -404,10 +478,16 @@ func TestBIRDTopOfRack(t *testing.T) {
 }
 
 // TestTabbydRestart restarts tabbyd on the nodes at both ends of two
-// continuous probes (ping and TCP every 50 ms): nothing is lost. The
-// restarted tabbyd keeps its routes until BGP has converged, and a block
-// claimed on another node meanwhile is routed within seconds (not the
-// minutes of a GoBGP deferral).
+// continuous probes (ping and TCP every 50 ms): nothing is lost. A restart
+// is what users do (tabbyctl lab restart deletes the node's tabby-node
+// pod; tabbyd gets SIGTERM and the DaemonSet's new pod starts a new one):
+// the stopping tabbyd leaves its routes, its peers keep theirs by BGP
+// graceful restart, and the new one keeps the routes until BGP has
+// converged. A block claimed on another node while the new tabbyd
+// converges is routed within seconds (not the minutes of a GoBGP
+// deferral). Then tabbyd crashes (SIGKILL) on the third node, also at an
+// end of a probe: kubelet starts the container again, and again nothing is
+// lost.
 func TestTabbydRestart(t *testing.T) {
 	t.Parallel()
 	l := Up(t, "--nodes", "3")
@@ -418,37 +498,76 @@ func TestTabbydRestart(t *testing.T) {
 	l.WaitRoute(t, "node2", blockOf(pods["web1"]), 10*time.Second)
 	l.WaitRoute(t, "node3", blockOf(pods["web1"]), 10*time.Second)
 	l.WaitRoute(t, "node1", blockOf(pods["web3"]), 10*time.Second)
+	blue := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "blue"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.251.0.0/16"}}
+	if _, err := l.DS(t).IPPools.Create(ctx, blue, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	f1 := l.StartFlow(t, pods["web1"], pods["web2"], webPort, 50*time.Millisecond)
 	f2 := l.StartFlow(t, pods["web3"], pods["web1"], webPort, 50*time.Millisecond)
 	time.Sleep(time.Second)
 
-	for _, node := range []string{"node1", "node2"} {
+	for _, node := range []string{"node1", "node2", "node3"} {
 		start := time.Now()
-		if out, code := l.Tabbyctl("restart", node, "tabbyd"); code != 0 {
-			t.Fatalf("lab restart %s tabbyd: %s", node, out)
-		}
-		if node == "node2" {
-			// A new block on node3 while node2 converges: its route
-			// reaches node2 within seconds.
-			blue := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "blue"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.251.0.0/16"}}
-			if _, err := l.DS(t).IPPools.Create(ctx, blue, metav1.CreateOptions{}); err != nil {
+		old := l.TabbydProc(t, node)
+		how := "restart"
+		restarted := make(chan error, 1)
+		if node == "node3" {
+			how = "SIGKILL"
+			if !old.Alive() {
+				t.Fatalf("%s's tabbyd (pid %d) is gone before the kill", node, old.Pid)
+			}
+			if err := syscall.Kill(old.Pid, syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
+			restarted <- nil
+		} else {
+			// lab restart returns once the new tabby-node pod is Ready,
+			// when BGP has long converged: run it aside, and act as soon
+			// as the new tabbyd runs.
+			go func() {
+				var err error
+				if out, code := l.Tabbyctl("restart", node, "tabbyd"); code != 0 {
+					err = fmt.Errorf("lab restart %s tabbyd (exit %d): %s", node, code, out)
+				}
+				restarted <- err
+			}()
+		}
+		var proc lab.Proc
+		for deadline := time.Now().Add(time.Minute); ; {
+			p, err := lab.NodeProcess(l.Node(t, node), "tabbyd")
+			if err == nil && p.Pid != old.Pid {
+				proc = p
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no new tabbyd runs on %s a minute after the %s (%v)", node, how, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		newAt := time.Now()
+		t.Logf("%s (%s): the old tabbyd (pid %d) ended and the new one (pid %d) started %v later",
+			node, how, old.Pid, proc.Pid, newAt.Sub(start).Round(time.Millisecond))
+		if node == "node2" {
+			// A new block on node3 while node2's new tabbyd converges:
+			// its route reaches node2 within seconds.
 			p := Web("blue3", "node3", webPort)
 			p.Annotations = map[string]string{tabbyv1.AnnotationIPv4Pools: `["blue"]`}
 			l.Create(t, p)
 			blue3 := l.WaitPod(t, "blue3", 30*time.Second, Running(true))
-			created := time.Now()
+			claimed := time.Now()
 			l.WaitRoute(t, "node2", blockOf(blue3), 20*time.Second)
-			t.Logf("a block claimed on node3 %v after node2's tabbyd restarted was routed on node2 %v later",
-				created.Sub(start).Round(time.Millisecond), time.Since(created).Round(time.Millisecond))
+			t.Logf("a block claimed on node3 %v after node2's new tabbyd started was routed on node2 %v later",
+				claimed.Sub(newAt).Round(time.Millisecond), time.Since(claimed).Round(time.Millisecond))
 			reach(t, l, pods["web2"], blue3)
+		}
+		if err := <-restarted; err != nil {
+			t.Fatal(err)
 		}
 		st := l.WaitBGP(t, node, 30*time.Second, Sessions(mesh(int(node[4]-'0'), 3)))
 		if st.Restart == "" {
 			t.Errorf("%s's tabbyd does not say it restarted", node)
 		}
-		t.Logf("%s: tabbyd restarted, sessions back and ready in %v (%s)", node, time.Since(start).Round(time.Millisecond), st.Restart)
+		t.Logf("%s (%s): tabbyd ready with its sessions back %v after the %s (%s)", node, how, time.Since(start).Round(time.Millisecond), how, st.Restart)
 	}
 	time.Sleep(time.Second)
 	for _, f := range []*Flow{f1, f2} {
