@@ -260,11 +260,7 @@ func podTroubles(ctx context.Context, cs kubernetes.Interface, namespace string,
 // restartTabbyd deletes node n's tabby-node pod (with grace as its grace
 // period) and waits until the DaemonSet's new pod there is ready.
 func restartTabbyd(ctx context.Context, s *State, n *Node, grace time.Duration) error {
-	cfg, err := s.RESTConfig()
-	if err != nil {
-		return err
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := s.Clientset()
 	if err != nil {
 		return err
 	}

@@ -182,3 +182,22 @@ func labCgroupRoots(lab string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// CgroupPids lists the processes in the cgroup folder dir (of one
+// hierarchy) and in those below it.
+func CgroupPids(dir string) []int {
+	var pids []int
+	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		data, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids
+}

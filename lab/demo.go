@@ -70,11 +70,7 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 	if o.Timeout <= 0 {
 		o.Timeout = time.Minute
 	}
-	cfg, err := s.RESTConfig()
-	if err != nil {
-		return err
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
+	cs, err := s.Clientset()
 	if err != nil {
 		return err
 	}

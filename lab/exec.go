@@ -100,19 +100,7 @@ func podNetNSPath(n *Node, uid string) (string, error) {
 		if podDir == "" {
 			continue
 		}
-		var pids []int
-		_ = filepath.WalkDir(podDir, func(path string, d fs.DirEntry, err error) error {
-			if err != nil || !d.IsDir() {
-				return nil
-			}
-			data, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-			for _, f := range strings.Fields(string(data)) {
-				if pid, err := strconv.Atoi(f); err == nil {
-					pids = append(pids, pid)
-				}
-			}
-			return nil
-		})
+		pids := CgroupPids(podDir)
 		// The sandbox's pause lives as long as the pod: its namespace
 		// file stays valid while containers restart.
 		slices.SortStableFunc(pids, func(a, b int) int {
@@ -178,4 +166,13 @@ func NodeProcess(n *Node, comm string) (Proc, error) {
 		return found[0], nil
 	}
 	return Proc{}, fmt.Errorf("%d processes named %s run on %s: %v", len(found), comm, n.Name, pids(found))
+}
+
+// Clientset is an admin clientset of the lab's API server (RESTConfig's).
+func (s *State) Clientset() (kubernetes.Interface, error) {
+	cfg, err := s.RESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
 }

@@ -452,24 +452,6 @@ func netnsAddrs(path string) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// cgroupPids are the processes of a cgroup and of those below it.
-func cgroupPids(dir string) []int {
-	var pids []int
-	_ = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return nil
-		}
-		data, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-		for _, f := range strings.Fields(string(data)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-		return nil
-	})
-	return pids
-}
-
 // findSandboxes lists the running pod sandboxes of the nodes that have a
 // network namespace of their own (hostNetwork pods are skipped), with the
 // addresses on their eth0. kubelet's cgroupfs layout:
@@ -484,7 +466,7 @@ func (m *AddressMonitor) findSandboxes() (out []sandbox, errs []error) {
 			if !ok || uid == "" {
 				return nil
 			}
-			pids := cgroupPids(path)
+			pids := lab.CgroupPids(path)
 			// The sandbox's pause holds the namespace for the pod's life.
 			slices.SortStableFunc(pids, func(a, b int) int {
 				pa, pb := comm(a) == "pause", comm(b) == "pause"

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -108,22 +107,6 @@ func Smoke(t *testing.T, l *Lab, prefix string) {
 				t.Errorf("ping %s on %s from node %s: %s", p.Name, p.Spec.NodeName, n.Name, out)
 			}
 		}
-	}
-}
-
-// WaitDeleted waits until the pod in namespace default is gone.
-func (l *Lab) WaitDeleted(t testing.TB, name string, d time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		_, err := l.CS.CoreV1().Pods(metav1.NamespaceDefault).Get(context.Background(), name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s still there after %v", name, d)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
