@@ -100,6 +100,15 @@ func TestSpeakerOnLoopback(t *testing.T) {
 	if len(states) != 1 || !states[0].Established() || !states[0].Synced || states[0].Received != 2 || len(states[0].Prefixes) != 2 || states[0].Reason() != "node-mesh" {
 		t.Errorf("b's peer states: %+v", states)
 	}
+	// b originates nothing, so it carries nothing to a (graceful restart's
+	// End-of-RIB is not a route: Transition would otherwise hold a session
+	// between two nodes without blocks until its timeout); a carries two.
+	if len(states) == 1 && states[0].Advertised != 0 {
+		t.Errorf("b, which originates nothing, counts %d routes advertised to a", states[0].Advertised)
+	}
+	if st, err := a.PeerStates(ctx); err != nil || len(st) != 1 || st[0].Advertised != 2 {
+		t.Errorf("a's peer states (want 2 advertised): %+v %v", st, err)
+	}
 
 	// Withdraw one route, move the other to a new next hop.
 	moved := blockA

@@ -30,8 +30,7 @@ func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 // of them. Called with s.mu held.
 func (s *Speaker) peerStates(ctx context.Context, r rib) ([]PeerState, error) {
 	gobgp := map[string]*api.Peer{}
-	// EnableAdvertised: Transition needs what we send each peer.
-	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
+	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
 		if p.GetConf() != nil {
 			if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
 				gobgp[a.Unmap().String()] = p
@@ -49,6 +48,11 @@ func (s *Speaker) peerStates(ctx context.Context, r rib) ([]PeerState, error) {
 			fillState(&st, gp, now)
 		}
 		if st.Established() {
+			// What we originate goes to every established session. Not
+			// GoBGP's advertised count: with graceful restart it counts an
+			// End-of-RIB marker per family, so a node that originates
+			// nothing would seem to carry something.
+			st.Advertised = len(s.adverts)
 			for _, lr := range r.byPeer[ss.peer.Address] {
 				st.Prefixes = append(st.Prefixes, lr.Prefix)
 			}
@@ -78,7 +82,6 @@ func fillState(st *PeerState, gp *api.Peer, now time.Time) {
 	for _, af := range gp.AfiSafis {
 		st.Received += int(af.GetState().GetReceived())
 		st.Accepted += int(af.GetState().GetAccepted())
-		st.Advertised += int(af.GetState().GetAdvertised())
 		eor = eor && af.GetMpGracefulRestart().GetState().GetEndOfRibReceived()
 	}
 	st.Synced = st.Established() && (eor || now.Sub(st.Since) >= syncGrace)

@@ -32,7 +32,8 @@ type PeerState struct {
 	// came up.
 	Synced bool
 	// Received and Accepted count the routes the peer sent us; Advertised
-	// those we send it.
+	// the routes this node originates, which an established session
+	// carries to the peer.
 	Received, Accepted, Advertised int
 	// Prefixes are the prefixes the peer currently gives us (retained stale
 	// routes of a restarting peer excluded).
