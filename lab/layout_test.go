@@ -82,7 +82,8 @@ func TestIsLabCommand(t *testing.T) {
 		want bool
 	}{
 		{[]string{"lab", "forward", "--dir", dir}, true},
-		{[]string{"lab", "kubelet", "--dir", dir, "--node", "node1"}, true},
+		{[]string{"lab", "node-root", "--dir", dir, "--node", "node1"}, true},
+		{[]string{"lab", "kubelet", "--dir", dir, "--node", "node1"}, false},
 		{[]string{"lab", "forward", "--dir", dir + "2"}, false},
 		{[]string{"lab", "up", "--dir", dir}, false},
 		{[]string{"lab", "forward"}, false},
