@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -18,6 +20,10 @@ import (
 
 // tabby's namespace (deploy/base/namespace.yaml).
 const tabbyNamespace = "tabby-system"
+
+// apiServiceIP is the kubernetes Service's address, the first of
+// cluster.ServiceClusterIPRange.
+const apiServiceIP = "10.96.0.1"
 
 // controlPlane is the started control plane, for the rest of Up.
 type controlPlane struct {
@@ -55,11 +61,23 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *
 	if err := buildHost(s, l, nsName, "cp", 0, ControlPlaneAddr()); err != nil {
 		return nil, err
 	}
+	if err := routePodsFromControlPlane(s, nsName); err != nil {
+		return nil, err
+	}
 	cert, key, err := ca.clientCert(filepath.Join(s.pkiDir(), "apiserver-kubelet-client"), "kube-apiserver-kubelet-client", "system:masters")
 	if err != nil {
 		return nil, err
 	}
 	dir := filepath.Join(s.Dir, "cp")
+	// The API server serves with a certificate that names every address
+	// its clients dial, the host's loopback (the forward) included, so a
+	// client that sets the server itself (e2e.test does, which drops the
+	// kubeconfig's tls-server-name) still verifies it.
+	if err := ca.servingCert(filepath.Join(dir, "pki", "apiserver"), "kube-apiserver",
+		[]net.IP{ControlPlaneAddr().Addr().AsSlice(), net.ParseIP(apiServiceIP), net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + ClusterDomain, "localhost"}); err != nil {
+		return nil, err
+	}
 	c, err := cluster.Start(ctx, cluster.Options{
 		Dir:                dir,
 		KeepDir:            true,
@@ -128,6 +146,42 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *
 	o.progress("control plane: %s at %s, kube-scheduler with %s pointed at it, kube-controller-manager (every controller) running",
 		ExtenderName, url, SchedulerConfigFile)
 	return cp, nil
+}
+
+// routePodsFromControlPlane routes the default pool's addresses from the
+// control-plane namespace through the nodes on its subnet (one multipath
+// route; each node forwards to the pod's node by what BGP taught it), as
+// the control plane of a cluster kubeadm made sits on the pod network: the
+// API server dials pods for the proxy subresources of pods and Services
+// (kubectl proxy, the e2e suites' DNS and Proxy specs). Pools added later
+// are not routed so.
+func routePodsFromControlPlane(s *State, nsName string) error {
+	if s.PodCIDR == "" {
+		return nil
+	}
+	dst, err := netip.ParsePrefix(s.PodCIDR)
+	if err != nil {
+		return fmt.Errorf("the pod CIDR %q: %w", s.PodCIDR, err)
+	}
+	return withLinks(nsName, func(h *netlink.Handle) error {
+		eth, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		var hops []*netlink.NexthopInfo
+		for _, n := range s.Nodes {
+			if n.Subnet == 0 {
+				hops = append(hops, &netlink.NexthopInfo{LinkIndex: eth.Attrs().Index, Gw: net.ParseIP(n.IP())})
+			}
+		}
+		if len(hops) == 0 {
+			return nil
+		}
+		if err := h.RouteAdd(&netlink.Route{Dst: prefixIPNet(dst.Masked()), MultiPath: hops}); err != nil {
+			return fmt.Errorf("routing %s through the nodes in %s: %w", dst, nsName, err)
+		}
+		return nil
+	})
 }
 
 // waitTabbyAPI waits until the API server serves every kind of tabby.io/v1

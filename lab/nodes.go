@@ -47,6 +47,13 @@ func buildNode(s *State, l Layout, i int, runtime string) error {
 	if err := setSysctl(nsName, "net/ipv4/ip_forward", "1"); err != nil {
 		return err
 	}
+	// The control plane reaches pods through any node on its subnet (see
+	// routePodsFromControlPlane), whose conntrack then sees only one
+	// direction of those connections: liberal TCP tracking, with which
+	// kube-proxy installs no DROP of INVALID packets, lets them through.
+	if err := setSysctl(nsName, "net/netfilter/nf_conntrack_tcp_be_liberal", "1"); err != nil {
+		return err
+	}
 	if err := prepareNodeFS(&n); err != nil {
 		return fmt.Errorf("node %s: %w", name, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -18,9 +19,8 @@ import (
 // The lab's client certificates: one CA that the API server trusts for
 // client certificates (--client-ca-file) and the kubelets trust for the
 // API server's calls to them (exec, logs, port-forward), as kubeadm sets a
-// cluster up. The API server's own serving certificate is the self-signed
-// one test/cluster uses; kubelets serve with certificates they make
-// themselves.
+// cluster up. The same CA signs the API server's serving certificate (see
+// servingCert); kubelets serve with certificates they make themselves.
 
 // labCA is the lab's client CA.
 type labCA struct {
@@ -127,6 +127,46 @@ func (ca *labCA) clientCert(base, cn string, orgs ...string) (certFile, keyFile 
 		return "", "", err
 	}
 	return certFile, keyFile, writePEM(keyFile, "EC PRIVATE KEY", kder, 0o600)
+}
+
+// servingCert issues a serving certificate naming ips and dnsNames and
+// writes it, followed by the CA's certificate, to base.crt and its key to
+// base.key: the pair kube-apiserver takes from its --cert-dir instead of
+// making a self-signed one (test/cluster's apiserver.crt), which clients
+// then trust.
+func (ca *labCA) servingCert(base, cn string, ips []net.IP, dnsNames []string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: randomSerial(),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.AddDate(1, 0, 0),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  ips,
+		DNSNames:     dnsNames,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return fmt.Errorf("issuing the serving certificate of %s: %w", cn, err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	chain := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})...)
+	if err := os.MkdirAll(filepath.Dir(base), 0o700); err != nil {
+		return err
+	}
+	if err := writeFileAtomic(base+".crt", chain, 0o644); err != nil {
+		return err
+	}
+	return writePEM(base+".key", "EC PRIVATE KEY", kder, 0o600)
 }
 
 func writePEM(path, typ string, der []byte, mode os.FileMode) error {
