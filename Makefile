@@ -4,14 +4,15 @@ export PATH := /usr/local/go/bin:$(PATH)
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/tabbynet/tabby/internal/buildinfo.Version=$(VERSION)
 BINS := tabby tabby-ipam tabbyd tabby-scheduler-extender tabbyctl
-GOTEST_FLAGS ?= -count=1 -timeout 30m
+GOTEST_FLAGS ?= -count=1 -timeout 45m
 
-.PHONY: all build deps controlplane runtime test e2e bench lab generate check-generated vet clean
+.PHONY: all build deps controlplane runtime upstream test e2e e2e-upstream bench lab generate check-generated vet clean
 
 # What the tests and the lab run, built from the Go module proxy and cached
 # by content in ~/.cache/tabby (see hack/lib/buildcache.sh): the folders the
 # build scripts print.
 LABENV = TABBY_CONTROLPLANE_DIR=$$(test/controlplane/build.sh) TABBY_RUNTIME_DIR=$$(test/runtime/build.sh) TABBY_BIN_DIR=$(CURDIR)/bin
+UPSTREAMENV = $(LABENV) TABBY_E2E_DIR=$$(test/upstream/build.sh)
 
 all: build
 
@@ -39,10 +40,18 @@ runtime:
 	@echo "==> containerd and CoreDNS (test/runtime/build.sh; cached)"
 	@test/runtime/build.sh >/dev/null
 
-## test: everything: unit tests, tests against the real API server, real-kernel and CNI end-to-end tests, the lab's real clusters
-test: deps build controlplane runtime vet
-	@echo "==> go test ./... (lab tests bring up real clusters: about 15 minutes)"
-	$(LABENV) go test $(GOTEST_FLAGS) ./...
+## upstream: build Kubernetes' e2e suite (e2e.test v1.35.4) from the Go
+## module proxy
+upstream: controlplane
+	@echo "==> Kubernetes' e2e.test v1.35.4 (test/upstream/build.sh; cached)"
+	@test/upstream/build.sh >/dev/null
+
+## test: everything: unit tests, tests against the real API server,
+## real-kernel and CNI end-to-end tests, the lab's real clusters, and a
+## subset of Kubernetes' own network e2e specs against one (TestUpstreamE2E)
+test: deps build controlplane runtime upstream vet
+	@echo "==> go test ./... (lab tests bring up real clusters and run Kubernetes' e2e subset: about 20 minutes)"
+	$(UPSTREAMENV) go test $(GOTEST_FLAGS) ./...
 
 ## e2e: the end-to-end suites only
 e2e: deps build controlplane runtime
@@ -72,6 +81,15 @@ bench: deps build controlplane runtime
 	go test -count=1 -timeout 30m -run '^$$' -bench PodStartup -benchtime 1x ./test/labtest/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench BenchmarkExtender -benchtime 200x ./scheduler-extender/plugins/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench SchedulingThroughput -benchtime 1x ./test/schedtest/
+
+## e2e-upstream: Kubernetes' own NetworkPolicy suite (50 specs) and
+## sig-network conformance specs (47) against a 3-node lab, then the table
+## (about 25 minutes; UPSTREAM=netpol, conformance, ci or focus=REGEXP
+## selects others)
+UPSTREAM ?= all
+e2e-upstream: deps build controlplane runtime upstream
+	@echo "==> Kubernetes' e2e suites ($(UPSTREAM)) against a 3-node lab: reports in .cache/e2e-upstream/"
+	$(UPSTREAMENV) go test -count=1 -timeout 4h -run '^TestUpstreamE2E$$' -v ./test/labtest/ -args -upstream='$(UPSTREAM)'
 
 ## lab: the main job (see README): a real 3-node cluster with tabby, pods,
 ## a connectivity matrix, a Service by name, a NetworkPolicy and each node's
