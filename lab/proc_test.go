@@ -56,10 +56,20 @@ func TestStartDetachedAndStop(t *testing.T) {
 }
 
 func TestProcsByArgs(t *testing.T) {
-	cmd := exec.Command("/bin/sh", "-c", "sleep 600", "tabby-lab-test-marker")
+	// A shell that waits in its builtin read: it never forks, so no child
+	// shows the same arguments for a moment (as `sh -c "sleep 600"` does
+	// between its fork and the exec of sleep, seen under load).
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	cmd := exec.Command("/bin/sh", "-c", "read x", "tabby-lab-test-marker")
+	cmd.Stdin = r
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	r.Close()
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	found := procsByArgs(func(args []string) bool { return len(args) == 3 && args[2] == "tabby-lab-test-marker" })
 	if len(found) != 1 || found[0].Pid != cmd.Process.Pid {
