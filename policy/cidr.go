@@ -37,136 +37,125 @@ func ipNetToPrefix(n *net.IPNet) (netip.Prefix, bool) {
 	return p.Masked(), true
 }
 
-// span is a closed range of addresses of one family.
-type span struct{ lo, hi netip.Addr }
-
-// lastAddr is the highest address of p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
+// netMembers turns a rule's ipBlocks (already validated) into the sorted
+// members of one hash:net set per family, written for the way the kernel
+// matches hash:net: the member with the longest prefix containing the
+// address decides, and a "nomatch" member means "not in the set". So an
+// ipBlock is its cidr plus its excepts as nomatch entries: as many members
+// as the policy has CIDRs, where the complement of the excepts (what
+// iptables alone could match) takes up to one prefix per except and per
+// bit of the address: 11,000 excepts of ::/0 were over a million members.
+//
+// Several ipBlocks of a rule share one set, and naively listing every cidr
+// and every except would be wrong where they overlap: an except of one
+// block that holds (or is) another block's cidr would hide the addresses
+// the other block allows. So the members are worked out instead from every
+// prefix the blocks name: the addresses whose longest named prefix is P
+// are all in the same blocks and excepts, so they are all allowed or all
+// not; P is listed (as a member, or nomatch) exactly when that answer
+// differs from the one of the prefix around it. This is exact for any
+// blocks, and never has more members than the blocks have CIDRs (plus one
+// for a /0, which hash:net cannot hold: it becomes its two /1 halves).
+func netMembers(blocks []ipBlock) (v4, v6 []string) {
+	var fams [2][]namedPrefix
+	for i, b := range blocks {
+		f := 0
+		if b.cidr.Addr().Is6() {
+			f = 1
+		}
+		for _, c := range splitZero(b.cidr) {
+			fams[f] = append(fams[f], namedPrefix{c, i, false})
+		}
+		for _, e := range b.except {
+			fams[f] = append(fams[f], namedPrefix{e, i, true})
+		}
 	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
+	return lpmMembers(fams[0], len(blocks)), lpmMembers(fams[1], len(blocks))
 }
 
-func prefixSpan(p netip.Prefix) span {
-	return span{p.Masked().Addr(), lastAddr(p)}
+// namedPrefix is a prefix an ipBlock names: its cidr, or one of its
+// excepts.
+type namedPrefix struct {
+	p      netip.Prefix
+	block  int
+	except bool
 }
 
-// blockSpans is cidr minus every except, as sorted disjoint spans.
-func blockSpans(cidr netip.Prefix, excepts []netip.Prefix) []span {
-	ex := make([]span, 0, len(excepts))
-	for _, e := range excepts {
-		ex = append(ex, prefixSpan(e))
+// splitZero gives a /0 as its two /1 halves, any other prefix as itself.
+func splitZero(p netip.Prefix) []netip.Prefix {
+	if p.Bits() != 0 {
+		return []netip.Prefix{p}
 	}
-	slices.SortFunc(ex, func(a, b span) int { return a.lo.Compare(b.lo) })
-	whole := prefixSpan(cidr)
-	var out []span
-	cur := whole.lo
-	for _, e := range ex {
-		if e.hi.Less(cur) {
-			continue
-		}
-		if cur.Less(e.lo) {
-			hi := e.lo.Prev()
-			if whole.hi.Less(hi) {
-				hi = whole.hi
-			}
-			out = append(out, span{cur, hi})
-		}
-		if !e.hi.Less(whole.hi) {
-			return out
-		}
-		if cur.Less(e.hi.Next()) {
-			cur = e.hi.Next()
-		}
-	}
-	if !whole.hi.Less(cur) {
-		out = append(out, span{cur, whole.hi})
-	}
-	return out
+	lo := netip.PrefixFrom(p.Addr(), 1)
+	b := p.Addr().AsSlice()
+	b[0] |= 0x80
+	hi, _ := netip.AddrFromSlice(b)
+	return []netip.Prefix{lo, netip.PrefixFrom(hi, 1)}
 }
 
-// unionSpans sorts and merges overlapping or adjacent spans.
-func unionSpans(in []span) []span {
-	if len(in) == 0 {
+// lpmMembers walks the named prefixes of one family in order, parents
+// before children, keeping for the chain of prefixes around the current
+// one how many of each block's cidrs and excepts hold it.
+func lpmMembers(named []namedPrefix, nblocks int) []string {
+	if len(named) == 0 {
 		return nil
 	}
-	s := slices.Clone(in)
-	slices.SortFunc(s, func(a, b span) int {
-		if c := a.lo.Compare(b.lo); c != 0 {
+	slices.SortFunc(named, func(a, b namedPrefix) int {
+		if c := a.p.Addr().Compare(b.p.Addr()); c != 0 {
 			return c
 		}
-		return a.hi.Compare(b.hi)
+		return a.p.Bits() - b.p.Bits()
 	})
-	out := []span{s[0]}
-	for _, x := range s[1:] {
-		last := &out[len(out)-1]
-		next := last.hi.Next() // invalid when last.hi is the top address
-		if !next.IsValid() || !next.Less(x.lo) {
-			if last.hi.Less(x.hi) {
-				last.hi = x.hi
-			}
-			continue
-		}
-		out = append(out, x)
-	}
-	return out
-}
-
-// spanPrefixes is the shortest list of prefixes covering exactly s, none of
-// them /0 (ipset's hash:net cannot hold a /0: it becomes two /1s).
-func spanPrefixes(s span) []netip.Prefix {
-	var out []netip.Prefix
-	lo := s.lo
-	maxBits := lo.BitLen()
-	for {
-		bits := maxBits
-		for b := 0; b <= maxBits; b++ {
-			p := netip.PrefixFrom(lo, b)
-			if p.Masked().Addr() == lo && !s.hi.Less(lastAddr(p)) {
-				bits = b
-				break
-			}
-		}
-		p := netip.PrefixFrom(lo, bits)
-		if bits == 0 {
-			lo1 := netip.PrefixFrom(lo, 1)
-			hi1 := netip.PrefixFrom(lastAddr(lo1).Next(), 1)
-			out = append(out, lo1, hi1)
+	inCIDR := make([]int, nblocks)
+	inExcept := make([]int, nblocks)
+	allowing := 0 // blocks whose cidr holds the prefix and no except does
+	apply := func(x namedPrefix, d int) {
+		before := inCIDR[x.block] > 0 && inExcept[x.block] == 0
+		if x.except {
+			inExcept[x.block] += d
 		} else {
-			out = append(out, p)
+			inCIDR[x.block] += d
 		}
-		last := lastAddr(p)
-		if last == s.hi {
-			return out
-		}
-		lo = last.Next()
-	}
-}
-
-// netMembers turns ipBlocks (already validated) into the sorted members of
-// one hash:net set per family.
-func netMembers(blocks []ipBlock) (v4, v6 []string) {
-	var s4, s6 []span
-	for _, b := range blocks {
-		spans := blockSpans(b.cidr, b.except)
-		if b.cidr.Addr().Is4() {
-			s4 = append(s4, spans...)
-		} else {
-			s6 = append(s6, spans...)
+		after := inCIDR[x.block] > 0 && inExcept[x.block] == 0
+		switch {
+		case after && !before:
+			allowing++
+		case before && !after:
+			allowing--
 		}
 	}
-	conv := func(spans []span) []string {
-		var out []string
-		for _, s := range unionSpans(spans) {
-			for _, p := range spanPrefixes(s) {
+	type frame struct {
+		p     netip.Prefix
+		named []namedPrefix
+	}
+	var stack []frame
+	var out []string
+	for i := 0; i < len(named); {
+		p := named[i].p
+		j := i
+		for j < len(named) && named[j].p == p {
+			j++
+		}
+		for len(stack) > 0 && !(stack[len(stack)-1].p.Bits() < p.Bits() && stack[len(stack)-1].p.Contains(p.Addr())) {
+			for _, x := range stack[len(stack)-1].named {
+				apply(x, -1)
+			}
+			stack = stack[:len(stack)-1]
+		}
+		around := allowing > 0
+		for _, x := range named[i:j] {
+			apply(x, 1)
+		}
+		if here := allowing > 0; here != around {
+			if here {
 				out = append(out, p.String())
+			} else {
+				out = append(out, p.String()+" nomatch")
 			}
 		}
-		sort.Strings(out)
-		return out
+		stack = append(stack, frame{p, named[i:j]})
+		i = j
 	}
-	return conv(s4), conv(s6)
+	sort.Strings(out)
+	return out
 }

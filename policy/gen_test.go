@@ -89,8 +89,13 @@ func (g *gen) selector(keys, vals []string) *metav1.LabelSelector {
 }
 
 var (
+	// validCIDRs nest and overlap around the pods' addresses (10.0.ns.10+i,
+	// fd00::ns:10+i) and the outside one (192.168.7.7, 2001:db8::7), so a
+	// rule's ipBlocks and excepts often hold or hide each other.
 	validCIDRs = []string{"10.0.0.0/8", "10.0.0.0/16", "10.0.1.0/24", "10.0.1.11/32", "10.0.0.0/23", "0.0.0.0/0", "192.168.0.0/16", "10.0.2.10/31",
-		"fd00::/64", "fd00::1:0/112", "fd00::1:11/128", "::/0", "2001:db8::/32", "fd00::/8"}
+		"0.0.0.0/1", "128.0.0.0/1", "10.0.0.8/29", "10.0.1.12/30", "10.0.2.0/24",
+		"fd00::/64", "fd00::1:0/112", "fd00::1:11/128", "::/0", "2001:db8::/32", "fd00::/8",
+		"8000::/1", "::/1", "fd00::1:8/125", "fd00::2:0/112"}
 	badCIDRs = []string{"", "10.0.0.0/33", "10.0.0.0", "fd00::/129", "garbage", "010.000.000.000/8", "10.0.0.1/8", "::ffff:10.0.0.0/104", "1.2.3.4/-1"}
 )
 
@@ -100,7 +105,7 @@ func (g *gen) ipBlock() *networkingv1.IPBlock {
 		cidr = pick(g.c, badCIDRs...)
 	}
 	b := &networkingv1.IPBlock{CIDR: cidr}
-	for i := g.c.n(3); i > 0; i-- {
+	for i := g.c.n(5); i > 0; i-- {
 		e := pick(g.c, validCIDRs...)
 		if !g.valid && g.c.n(4) == 0 {
 			e = pick(g.c, badCIDRs...)

@@ -214,7 +214,9 @@ type Endpoint struct {
 //
 // Peer matches are "-m set --match-set tabby-np-p4-<h> src|dst" (pod IPs of
 // selector peers, hash:ip) and "-m set --match-set tabby-np-n4-<h> src|dst"
-// (the rule's ipBlocks, exact, hash:net without nomatch); a rule allowing
+// (the rule's ipBlocks, hash:net: their cidrs, and their excepts as nomatch
+// entries, exact under the kernel's longest-prefix match; see netMembers);
+// a rule allowing
 // several kinds of peer has one rule per kind. A rule's selector peers make
 // at most two p sets: one of its podSelector-only peers (pods of the
 // policy's namespace) and one of its namespaceSelector peers (with or
@@ -288,10 +290,11 @@ type Set struct {
 	Family string
 	// Members are addresses (hash:ip), CIDRs (hash:net), address,port
 	// pairs (hash:ip,port) or address,interface pairs (hash:net,iface),
-	// sorted (as strings) and unique. With hash:net
-	// a member may end in " nomatch" for an ipBlock except (Compile emits
-	// none: it computes the exact CIDRs of cidr minus except itself, never
-	// a /0, which hash:net cannot hold).
+	// sorted (as strings) and unique. With hash:net a member may end in
+	// " nomatch" (an ipBlock's except): the kernel lets the longest prefix
+	// holding an address decide, so "10.0.0.0/8" and "10.1.0.0/16 nomatch"
+	// match 10.0.0.0/8 but not 10.1.0.0/16. A prefix is never listed both
+	// ways, and never as a /0, which hash:net cannot hold.
 	Members []string
 }
 

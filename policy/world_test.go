@@ -481,6 +481,16 @@ func rulesetInvariants(rs *Ruleset) error {
 				return fmt.Errorf("set %s member %s twice", s.Name, s.Members[j])
 			}
 		}
+		// The kernel keeps one entry per prefix: "P" and "P nomatch"
+		// together would be one of them, whichever was added last.
+		plain := map[string]bool{}
+		for _, m := range s.Members {
+			v, _ := strings.CutSuffix(m, " nomatch")
+			if plain[v] {
+				return fmt.Errorf("set %s holds %s both as a member and as nomatch", s.Name, v)
+			}
+			plain[v] = true
+		}
 	}
 	for i, c := range rs.Chains {
 		if !strings.HasPrefix(c.Name, PolicyChainPrefix) || len(c.Name) > 26 {
