@@ -51,6 +51,8 @@ func Compile(in *Input) *Ruleset {
 		nsSel:    map[string][]string{},
 		podSets:  map[string]*podSet{},
 		sets:     map[string]*Set{},
+		made:     map[string]*Set{},
+		limits:   in.Limits.withDefaults(),
 		named:    map[string][]namedEntry{},
 		netMemo:  map[string]*[2][]string{},
 	}
@@ -82,7 +84,13 @@ type compiler struct {
 	policies []*cpolicy
 	nsSel    map[string][]string // namespace selector string -> matching namespaces
 	podSets  map[string]*podSet
+	// sets are the sets of the Ruleset; made holds every set computed,
+	// and cur the sets the policy being emitted names, which join sets
+	// only when the policy is within the limits.
 	sets     map[string]*Set
+	made     map[string]*Set
+	cur      map[string]*Set
+	limits   Limits
 	netMemo  map[string]*[2][]string
 	stamp    []int // per endpoint, for de-duplicating set members
 	stampGen int

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -91,6 +93,10 @@ func (c *compiler) emit() *Ruleset {
 		c.rs.Programmed = append(c.rs.Programmed, ep.key)
 	}
 
+	for _, p := range c.policies {
+		c.policyChains(p)
+	}
+
 	sigNames := make([]string, 0, len(sigs))
 	for n := range sigs {
 		sigNames = append(sigNames, n)
@@ -174,11 +180,10 @@ func (c *compiler) emit() *Ruleset {
 			add(n, rules)
 		}
 		for _, p := range c.policies {
-			if p.used[0] {
-				add(p.chain(0), c.policyRules(p.in, "src", fam))
-			}
-			if p.used[1] {
-				add(p.chain(1), c.policyRules(p.eg, "dst", fam))
+			for dir := range p.used {
+				if p.used[dir] {
+					add(p.chain(dir), p.rules[dir][fam])
+				}
 			}
 		}
 	}
@@ -260,6 +265,76 @@ func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
 		}
 	}
 	return out
+}
+
+// policyChains computes the rules of a policy's chains, in the directions
+// in which it selects a local pod, and checks them against the limits:
+// within them, the sets they name join the Ruleset; over them, the
+// policy is reported and its chains are empty, so it isolates its pods
+// and allows them nothing (fail closed), and its sets are not made.
+func (c *compiler) policyChains(p *cpolicy) {
+	if !p.used[0] && !p.used[1] {
+		return
+	}
+	c.cur = map[string]*Set{}
+	defer func() { c.cur = nil }()
+	rules := 0
+	for fam := range families {
+		n := 0
+		for dir, rs := range [2][]*crule{p.in, p.eg} {
+			if p.used[dir] {
+				p.rules[dir][fam] = c.policyRules(rs, [2]string{"src", "dst"}[dir], fam)
+				n += len(p.rules[dir][fam])
+			}
+		}
+		rules = max(rules, n)
+	}
+	if over, limit := c.overLimits(rules); over != "" {
+		c.rs.Problems = append(c.rs.Problems, Problem{Namespace: p.ns, Name: p.name, Kind: KindNetworkPolicy, Limit: limit,
+			Message: over + ": the policy is not enforced as written: it isolates the pods it selects for " + strings.Join(p.types(), " and ") +
+				" and allows them nothing (fail closed) until it is made smaller or the limit is raised"})
+		for dir := range p.rules {
+			for fam := range p.rules[dir] {
+				p.rules[dir][fam] = [][]string{}
+			}
+		}
+		return
+	}
+	for name, s := range c.cur {
+		c.sets[name] = s
+	}
+}
+
+// overLimits says which limit the sets in c.cur and a policy's rules (the
+// most of one family) are over, naming the flag that raises it; "" when
+// within them.
+func (c *compiler) overLimits(rules int) (msg, flag string) {
+	l := c.limits
+	names := slices.Sorted(maps.Keys(c.cur))
+	for _, n := range names {
+		if m := len(c.cur[n].Members); m > l.SetMembers {
+			return fmt.Sprintf("its %s make the ipset %s of %d members, over the limit of %d members per set (tabbyd --%s)",
+				setContent(n), n, m, l.SetMembers, FlagMaxSetMembers), FlagMaxSetMembers
+		}
+	}
+	if len(names) > l.Sets {
+		return fmt.Sprintf("its rules name %d ipsets, over the limit of %d per policy (tabbyd --%s)", len(names), l.Sets, FlagMaxPolicySets), FlagMaxPolicySets
+	}
+	if rules > l.Rules {
+		return fmt.Sprintf("its rules make %d iptables rules, over the limit of %d per policy (tabbyd --%s)", rules, l.Rules, FlagMaxRules), FlagMaxRules
+	}
+	return "", ""
+}
+
+// setContent says what a set of a policy holds, from its name.
+func setContent(name string) string {
+	switch name[len(SetPrefix)] {
+	case setKindNets:
+		return "ipBlocks"
+	case setKindPods:
+		return "selector peers' pods"
+	}
+	return "named ports"
 }
 
 // portMatches are the alternatives of a rule's ports: {nil} for any port.
@@ -374,10 +449,17 @@ func (c *compiler) podSet(g *podGroup, fam int) string {
 		members := c.podMembers(g.peers)
 		for f := range families {
 			ps.names[f] = setName(setKindPods, f, g.key)
-			c.sets[ps.names[f]] = &Set{Name: ps.names[f], Type: SetHashIP, Family: families[f], Members: members[f]}
+			c.made[ps.names[f]] = &Set{Name: ps.names[f], Type: SetHashIP, Family: families[f], Members: members[f]}
 		}
 	}
-	return ps.names[fam]
+	return c.use(ps.names[fam])
+}
+
+// use records that the policy being emitted names the set, which is in
+// c.made.
+func (c *compiler) use(name string) string {
+	c.cur[name] = c.made[name]
+	return name
 }
 
 type podSet struct{ names [2]string }
@@ -469,10 +551,10 @@ func (c *compiler) ruleNets(r *crule) *[2][]string {
 // netSet names the hash:net set holding exactly these CIDRs.
 func (c *compiler) netSet(members []string, fam int) string {
 	name := setName(setKindNets, fam, members...)
-	if c.sets[name] == nil {
-		c.sets[name] = &Set{Name: name, Type: SetHashNet, Family: families[fam], Members: members}
+	if c.made[name] == nil {
+		c.made[name] = &Set{Name: name, Type: SetHashNet, Family: families[fam], Members: members}
 	}
-	return name
+	return c.use(name)
 }
 
 // addIfaceSet adds the hash:net,iface set of one family holding
@@ -505,7 +587,7 @@ func (c *compiler) namedSet(port string, fam int, ingress bool) string {
 		kind = setKindLocal
 	}
 	name := setName(kind, fam, port)
-	if c.sets[name] == nil {
+	if c.made[name] == nil {
 		var m []string
 		for _, e := range c.named[port] {
 			if ingress && !e.local {
@@ -520,7 +602,7 @@ func (c *compiler) namedSet(port string, fam int, ingress bool) string {
 		}
 		slices.Sort(m)
 		m = slices.Compact(m)
-		c.sets[name] = &Set{Name: name, Type: SetHashIPPort, Family: families[fam], Members: m}
+		c.made[name] = &Set{Name: name, Type: SetHashIPPort, Family: families[fam], Members: m}
 	}
-	return name
+	return c.use(name)
 }

@@ -22,6 +22,9 @@ type cpolicy struct {
 	egress        bool
 	in, eg        []*crule // the valid rules of the directions in effect
 	used          [2]bool  // selects a local pod in ingress, egress
+	// rules are the rules of its chains by direction (0 ingress, 1
+	// egress) and family; none when it is over the limits.
+	rules [2][2][][]string
 }
 
 // crule is one ingress or egress rule.

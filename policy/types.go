@@ -135,6 +135,63 @@ type Input struct {
 	// does not know yet is default-denied rather than open. Off, such
 	// traffic is accepted as for a pod no policy selects.
 	DenyUnlisted bool
+	// Limits bound what one policy may expand to; zero fields take the
+	// defaults.
+	Limits Limits
+}
+
+// Limits bound the ipsets and iptables rules one NetworkPolicy may make on
+// a node, so that no policy (written by any tenant allowed to write one)
+// can make the node's whole ruleset fail to load or take the node's time.
+// A policy over a limit is reported (a Problem with Limit set) and
+// enforced fail closed: it isolates the pods it selects in the directions
+// it covers and allows them nothing, while the node's other policies,
+// including those selecting the same pods, are enforced as written. Its
+// sets are not made.
+type Limits struct {
+	// SetMembers bounds the members of each ipset a policy's rules name
+	// (its ipBlocks, the pods of its selector peers, a named port's
+	// addresses); DefaultMaxSetMembers when 0. tabbyd creates sets with
+	// a maxelem of 1<<20, which it must stay below.
+	SetMembers int
+	// Sets bounds the distinct ipsets (both families together) a policy's
+	// rules name; DefaultMaxPolicySets when 0.
+	Sets int
+	// Rules bounds the iptables rules of a policy's chains (ingress and
+	// egress, in each family); DefaultMaxPolicyRules when 0.
+	Rules int
+}
+
+// Default Limits: far above what real policies make (an ipBlock with
+// excepts takes one member per CIDR, a rule at most three sets per family
+// and one iptables rule per kind of peer and 15 ports), and far below what
+// slows a sync down or what the kernel refuses.
+const (
+	DefaultMaxSetMembers  = 65536
+	DefaultMaxPolicySets  = 1024
+	DefaultMaxPolicyRules = 4096
+)
+
+// The tabbyd flags that set each limit, named in the Problems of policies
+// over it so that the message says what to change.
+const (
+	FlagMaxSetMembers = "policy-max-set-members"
+	FlagMaxPolicySets = "policy-max-sets"
+	FlagMaxRules      = "policy-max-rules"
+)
+
+// withDefaults fills the zero (or negative) limits with the defaults.
+func (l Limits) withDefaults() Limits {
+	if l.SetMembers <= 0 {
+		l.SetMembers = DefaultMaxSetMembers
+	}
+	if l.Sets <= 0 {
+		l.Sets = DefaultMaxPolicySets
+	}
+	if l.Rules <= 0 {
+		l.Rules = DefaultMaxPolicyRules
+	}
+	return l
 }
 
 // Endpoint is a pod with its addresses.
@@ -323,16 +380,22 @@ type Jump struct {
 // what is wrong with it, and what is enforced meanwhile.
 //
 // What is still enforced: a policy whose podSelector is invalid is skipped
-// whole (the compiler cannot tell which pods it isolates). Any other error
-// drops only the ingress or egress rule it is in: that rule allows nothing,
-// but the policy still isolates the pods it selects and its other rules
-// still allow (failing closed, never open). An Endpoint problem (Kind
-// "Pod": an unusable HostIface) leaves that pod unprogrammed.
+// whole (the compiler cannot tell which pods it isolates). A policy over
+// the Limits allows nothing but still isolates the pods it selects. Any
+// other error drops only the ingress or egress rule it is in: that rule
+// allows nothing, but the policy still isolates the pods it selects and
+// its other rules still allow (failing closed, never open). An Endpoint
+// problem (Kind "Pod": an unusable HostIface) leaves that pod
+// unprogrammed.
 type Problem struct {
 	Namespace, Name string
 	Message         string
 	// Kind is "NetworkPolicy" or "Pod".
 	Kind string
+	// Limit is set when the policy is over one of the Limits: the flag
+	// that raises it (FlagMaxSetMembers, FlagMaxPolicySets or
+	// FlagMaxRules); "" for every other problem.
+	Limit string
 }
 
 // Problem kinds.

@@ -58,6 +58,8 @@ type world struct {
 	nodes    []string
 	// noV6 leaves the pods IPv4 only.
 	noV6 bool
+	// limits go into every node's Input.
+	limits Limits
 }
 
 var (
@@ -115,7 +117,7 @@ func (w *world) pod(key string) *tpod {
 }
 
 func (w *world) input(node string) *Input {
-	in := &Input{Node: node, Policies: w.policies}
+	in := &Input{Node: node, Policies: w.policies, Limits: w.limits}
 	nss := make([]string, 0, len(w.nsLabels))
 	for ns := range w.nsLabels {
 		nss = append(nss, ns)
