@@ -40,6 +40,7 @@ import (
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/ipam/gc"
+	"github.com/tabbynet/tabby/policy"
 )
 
 // Config is what tabbyd is started with.
@@ -75,6 +76,9 @@ type Config struct {
 	// PolicyDenyUnlisted drops the traffic of pod veths whose pod the
 	// policy loop does not know yet (netpol.Config.DenyUnlisted).
 	PolicyDenyUnlisted bool
+	// PolicyLimits bound what one NetworkPolicy may expand to
+	// (netpol.Config.Limits); zero fields take policy's defaults.
+	PolicyLimits policy.Limits
 	// IPTablesBackend is "legacy" or "nft"; "" detects the one the node
 	// uses. Routing (NAT outgoing) and NetworkPolicy both use it.
 	IPTablesBackend iptbackend.Mode

@@ -46,6 +46,7 @@ func startPolicy(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore
 		Compile:      policy.Compile,
 		Applier:      a,
 		DenyUnlisted: cfg.PolicyDenyUnlisted,
+		Limits:       cfg.PolicyLimits,
 		Recorder:     rec,
 		Resync:       cfg.PolicyResync,
 		Log:          cfg.Log,

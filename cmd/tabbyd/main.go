@@ -23,6 +23,8 @@ import (
 	"github.com/tabbynet/tabby/internal/buildinfo"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/ipam/gc"
+	"github.com/tabbynet/tabby/policy"
+	"github.com/tabbynet/tabby/policy/apply"
 )
 
 func main() {
@@ -55,6 +57,18 @@ func main() {
 			if cfg.PolicyResync <= 0 {
 				return fmt.Errorf("--policy-resync (%v) must be positive", cfg.PolicyResync)
 			}
+			for _, l := range []struct {
+				flag     string
+				val, max int
+			}{
+				{policy.FlagMaxSetMembers, cfg.PolicyLimits.SetMembers, apply.MaxElem},
+				{policy.FlagMaxPolicySets, cfg.PolicyLimits.Sets, 1 << 16},
+				{policy.FlagMaxRules, cfg.PolicyLimits.Rules, 1 << 20},
+			} {
+				if l.val < 1 || l.val > l.max {
+					return fmt.Errorf("--%s (%d) must be from 1 to %d", l.flag, l.val, l.max)
+				}
+			}
 			if cfg.NodeName == "" {
 				cfg.NodeName, _ = os.Hostname()
 			}
@@ -84,6 +98,10 @@ func main() {
 	f.BoolVar(&cfg.NetworkPolicy, "network-policy", true, "enforce NetworkPolicy (networking.k8s.io/v1) for this node's pods; false removes the rules an earlier run left")
 	f.DurationVar(&cfg.PolicyResync, "policy-resync", netpol.DefaultResync, "how often NetworkPolicy is synced without a change")
 	f.BoolVar(&cfg.PolicyDenyUnlisted, "policy-deny-unlisted", true, "drop the traffic of pod veths whose pod tabbyd does not know yet (a pod wired while tabbyd was down), until its policies are programmed")
+	f.IntVar(&cfg.PolicyLimits.SetMembers, policy.FlagMaxSetMembers, policy.DefaultMaxSetMembers,
+		"most members of one ipset a NetworkPolicy's rules may name (its ipBlocks take one per CIDR, pod peers one per address); a policy over a limit allows nothing to the pods it selects and is reported with an Event")
+	f.IntVar(&cfg.PolicyLimits.Sets, policy.FlagMaxPolicySets, policy.DefaultMaxPolicySets, "most ipsets one NetworkPolicy's rules may name (both families)")
+	f.IntVar(&cfg.PolicyLimits.Rules, policy.FlagMaxRules, policy.DefaultMaxPolicyRules, "most iptables rules one NetworkPolicy may make (per family)")
 	f.StringVar(&iptMode, "iptables-backend", "", "iptables backend for NAT outgoing and NetworkPolicy: legacy or nft (default: the one the node's rules are in, as kube-proxy's wrapper detects it)")
 	f.StringVar(&poolCIDR, "default-ipv4-pool-cidr", "", "create the IPPool "+daemon.DefaultPoolName+" with this CIDR when the cluster has no IPPool (as calico-node's CALICO_IPV4POOL_CIDR); \"\" never creates one")
 	f.IntVar(&poolBlockSize, "default-ipv4-pool-block-size", 0, "block size of the default IPv4 pool (0: 26)")

@@ -14,7 +14,11 @@
 //
 // Policies the compiler refuses (policy.Ruleset.Problems) are logged and
 // reported as a Warning Event on the policy, once per distinct message; the
-// other policies keep being enforced.
+// other policies keep being enforced. So are policies over Config.Limits,
+// which the compiler enforces fail closed rather than expand without bound:
+// no one policy can make the ruleset too big to load, so none can fail the
+// node's sync (which would hold every new pod of the node in its CNI ADD
+// and make /readyz fail).
 package netpol
 
 import (
@@ -97,6 +101,10 @@ type Config struct {
 	// tabbyd was away is cut off until its policies are programmed,
 	// rather than open.
 	DenyUnlisted bool
+	// Limits bound what one policy may expand to (policy.Input.Limits):
+	// a policy over them is reported and fails closed, the others are
+	// enforced.
+	Limits policy.Limits
 	// Recorder reports refused policies as Events (NewRecorder); nil:
 	// they are only logged.
 	Recorder record.EventRecorder
@@ -310,6 +318,7 @@ func (c *Controller) Input() *policy.Input {
 	in := BuildInput(c.cfg.Node, datastore.StoreList[corev1.Pod](c.pods), datastore.StoreList[corev1.Namespace](c.namespaces),
 		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), datastore.StoreList[tabbyv1.IPAMBlock](c.blocks))
 	in.DenyUnlisted = c.cfg.DenyUnlisted
+	in.Limits = c.cfg.Limits
 	return in
 }
 

@@ -20,6 +20,7 @@ type metrics struct {
 	endpoints     *prometheus.GaugeVec
 	policies      prometheus.Gauge
 	problems      prometheus.Gauge
+	overLimit     *prometheus.GaugeVec
 	lastSyncOK    prometheus.Gauge
 	jumpChecks    *prometheus.CounterVec
 	programmedAt  prometheus.Gauge
@@ -66,6 +67,10 @@ func newMetrics() *metrics {
 			Name: "tabby_policy_problems",
 			Help: "NetworkPolicies the compiler refused in the last sync (each is logged and reported as an Event on the policy).",
 		}),
+		overLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tabby_policy_networkpolicies_over_limit",
+			Help: "NetworkPolicies over a limit in the last sync, by limit (the tabbyd flag that raises it): each allows nothing to the pods it selects (fail closed) and is reported as an Event on the policy.",
+		}, []string{"limit"}),
 		lastSyncOK: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tabby_policy_last_sync_success",
 			Help: "1 when the last NetworkPolicy sync programmed the kernel, else 0.",
@@ -93,7 +98,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 	return errors.Join(r.Register(m.syncs), r.Register(m.syncTime), r.Register(m.rules), r.Register(m.chains),
 		r.Register(m.sets), r.Register(m.setMembers), r.Register(m.endpoints), r.Register(m.policies),
 		r.Register(m.problems), r.Register(m.lastSyncOK), r.Register(m.jumpChecks), r.Register(m.programmedAt),
-		r.Register(m.kernelChanges), r.Register(m.jumpRepairs))
+		r.Register(m.kernelChanges), r.Register(m.jumpRepairs), r.Register(m.overLimit))
 }
 
 // observeRuleset sets the size gauges from a ruleset.
@@ -110,6 +115,15 @@ func (m *metrics) observeRuleset(in *policy.Input, rs *policy.Ruleset) {
 	m.sets.Set(float64(len(rs.Sets)))
 	m.setMembers.Set(float64(members))
 	m.problems.Set(float64(len(rs.Problems)))
+	over := map[string]int{policy.FlagMaxSetMembers: 0, policy.FlagMaxPolicySets: 0, policy.FlagMaxRules: 0}
+	for _, p := range rs.Problems {
+		if p.Limit != "" {
+			over[p.Limit]++
+		}
+	}
+	for l, n := range over {
+		m.overLimit.WithLabelValues(l).Set(float64(n))
+	}
 	m.policies.Set(float64(len(in.Policies)))
 	local := 0
 	for _, e := range in.Endpoints {

@@ -54,6 +54,8 @@ type e2e struct {
 	tabbyd string
 	// metrics reads the running tabbyd's metrics.
 	metrics func() map[string]float64
+	// d is the running tabbyd.
+	d *testnet.Tabbyd
 }
 
 func newE2E(t *testing.T) *e2e {
@@ -109,6 +111,7 @@ func (e *e2e) startTabbyd(t *testing.T, args ...string) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.d = d
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

@@ -11,10 +11,11 @@ import (
 	"github.com/tabbynet/tabby/policy"
 )
 
-// maxElem is the capacity every set is created with: far above any
-// cluster's pod count, and free (hash sets grow with their members, not
-// with maxelem).
-const maxElem = 1 << 20
+// MaxElem is the capacity (maxelem) every set is created with: far above
+// any cluster's pod count, and free (hash sets grow with their members,
+// not with maxelem). A set of more members cannot be loaded, and fails
+// the whole Apply: policy.Limits.SetMembers must stay at most this.
+const MaxElem = 1 << 20
 
 // syncSets creates missing sets and brings every set's members to what d
 // wants, in one `ipset -exist restore`: the additions of all sets first,
@@ -37,7 +38,7 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 	next := map[string]*kernelSet{}
 	var created, updated, added, removed int
 	create := func(name string, w *wantSet) {
-		fmt.Fprintf(&head, "create %s %s family %s hashsize %d maxelem %d\n", name, w.typ, w.family, hashSize(len(w.members)), maxElem)
+		fmt.Fprintf(&head, "create %s %s family %s hashsize %d maxelem %d\n", name, w.typ, w.family, hashSize(len(w.members)), MaxElem)
 		for _, m := range slices.Sorted(maps.Keys(w.members)) {
 			addLine(&adds, name, m, w.members[m])
 		}
