@@ -338,3 +338,77 @@ func BenchmarkLocalPodChurn(b *testing.B) {
 		})
 	}
 }
+
+// hostileInput is churnInput(20) plus issue 11's policy: egress of one
+// namespace's pods to 0.0.0.0/0 and (with v6) ::/0, each with 11,000
+// excepts spread over the address space.
+func hostileInput(v6 bool) *policy.Input {
+	in := churnInput(20)
+	var v4x, v6x []string
+	for i := 0; len(v4x) < 11000; i++ {
+		x := uint32(i) * 390451 &^ 1
+		a := [4]byte{byte(x >> 24), byte(x >> 16), byte(x >> 8), byte(x)}
+		if a[0] == 10 {
+			continue
+		}
+		v4x = append(v4x, netip.PrefixFrom(netip.AddrFrom4(a), 31).String())
+		v6x = append(v6x, netip.PrefixFrom(netip.AddrFrom16([16]byte{0x20, 0x01, a[0], a[1], a[2], a[3], 14: byte(i >> 8), 15: byte(i) &^ 1}), 127).String())
+	}
+	peers := []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: v4x}}}
+	if v6 {
+		peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: v6x}})
+	}
+	in.Policies = append(in.Policies, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns3", Name: "hostile"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{{To: peers}},
+		},
+	})
+	return in
+}
+
+// BenchmarkHostilePolicySync: a node's whole first sync (Compile, then
+// Apply into a fresh namespace) with issue 11's policy next to
+// churnInput's: its IPv4 half alone, and both halves. It reports the set
+// members of the whole ruleset and the time of each phase.
+func BenchmarkHostilePolicySync(b *testing.B) {
+	needRoot(b)
+	be := backends(b)[0]
+	for _, c := range []struct {
+		name string
+		v6   bool
+	}{{"v4", false}, {"v4+v6", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			in := hostileInput(c.v6)
+			var compile, apply time.Duration
+			members := 0
+			for b.Loop() {
+				b.StopTimer()
+				n, err := testutils.NewNS()
+				if err != nil {
+					b.Fatal(err)
+				}
+				a := newBenchApplier(b, n, be)
+				b.StartTimer()
+				start := time.Now()
+				rs := policy.Compile(in)
+				compiled := time.Now()
+				benchApply(b, n, a, rs)
+				compile += compiled.Sub(start)
+				apply += time.Since(compiled)
+				b.StopTimer()
+				members = 0
+				for _, s := range rs.Sets {
+					members += len(s.Members)
+				}
+				_ = n.Close()
+				_ = testutils.UnmountNS(n)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(members), "members")
+			b.ReportMetric(float64(compile.Nanoseconds())/float64(b.N), "compile-ns/op")
+			b.ReportMetric(float64(apply.Nanoseconds())/float64(b.N), "apply-ns/op")
+		})
+	}
+}
