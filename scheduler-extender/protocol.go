@@ -1,6 +1,9 @@
 package extender
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,10 +18,24 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
-// DefaultMaxRequestBytes bounds a request body. kube-scheduler sends full
-// Node objects unless the extender is nodeCacheCapable, and a Node with its
-// image list is often 5-10 KB, so 5,000 nodes need tens of MiB.
-const DefaultMaxRequestBytes = 64 << 20
+// DefaultMaxRequestBytes bounds a request body. With nodeCacheCapable
+// (deploy/scheduler's configuration) kube-scheduler sends the Pod and node
+// names: a Pod is at most 1.5 MiB (etcd's default request limit), and
+// 5,000 names of 253 bytes (the longest a Node's name may be) take 1.3 MB
+// as JSON (5,000 typical 30-byte names: 165 KB), so the largest request a
+// cluster at Kubernetes' 5,000-node limit can send is under 3 MiB. Full
+// Nodes (nodeCacheCapable: false) are 5-10 KB each: such clusters need a
+// larger --max-request-bytes.
+const DefaultMaxRequestBytes = 4 << 20
+
+// DefaultMaxRequestsInflight bounds the requests being decoded and decided
+// at once. kube-scheduler schedules one pod at a time and asks an extender
+// once per step, so one or two are in flight; the bound is what keeps
+// memory at most this many times DefaultMaxRequestBytes' worth of decoding.
+const DefaultMaxRequestsInflight = 8
+
+// InflightWait is how long a request waits for a slot before it gets 503.
+const InflightWait = time.Second
 
 // ReasonNoNodeCache is the FailedNodes reason for every node when
 // kube-scheduler sends only node names.
@@ -35,7 +52,39 @@ type Handler struct {
 	Scheduler       Scheduler
 	Nodes           NodeCache // nil: NodeNames-only requests fail every node
 	MaxRequestBytes int64     // 0: DefaultMaxRequestBytes
+	Inflight        *Inflight // nil: no bound
 	Metrics         *Metrics  // nil: none
+}
+
+// Inflight bounds the requests served at once.
+type Inflight struct {
+	slots chan struct{}
+}
+
+// NewInflight allows n requests at once (0: DefaultMaxRequestsInflight).
+func NewInflight(n int) *Inflight {
+	if n <= 0 {
+		n = DefaultMaxRequestsInflight
+	}
+	return &Inflight{slots: make(chan struct{}, n)}
+}
+
+// acquire takes a slot, waiting up to InflightWait; release gives it back.
+func (l *Inflight) acquire(ctx context.Context) (release func(), err error) {
+	if l == nil {
+		return func() {}, nil
+	}
+	t := time.NewTimer(InflightWait)
+	defer t.Stop()
+	select {
+	case l.slots <- struct{}{}:
+		return func() { <-l.slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-t.C:
+		return nil, &requestError{http.StatusServiceUnavailable, fmt.Sprintf(
+			"%d requests are being answered, the most --max-requests-inflight allows, and none finished within %s; retry", cap(l.slots), InflightWait)}
+	}
 }
 
 // Metrics counts and times the extender's requests per verb.
@@ -116,32 +165,77 @@ type requestError struct {
 
 func (e *requestError) Error() string { return e.msg }
 
-// decodeArgs reads an ExtenderArgs from r, or says why it cannot.
-func (h *Handler) decodeArgs(w http.ResponseWriter, r *http.Request) (*extenderv1.ExtenderArgs, error) {
+// readArgs reads an ExtenderArgs from r once the request holds a slot of
+// h.Inflight, or says why it cannot; release (non-nil without an error)
+// gives the slot back once the answer is written.
+func (h *Handler) readArgs(w http.ResponseWriter, r *http.Request) (args *extenderv1.ExtenderArgs, release func(), err error) {
 	ct := r.Header.Get("Content-Type")
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil || mt != "application/json" {
-		return nil, &requestError{http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type is %q; want application/json", ct)}
+		return nil, nil, &requestError{http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type is %q; want application/json", ct)}
+	}
+	// Wait for the body's first bytes before taking a slot: clients that
+	// send headers and stall hold a goroutine until ReadTimeout, not a
+	// slot that kube-scheduler's requests need.
+	body := bufio.NewReaderSize(r.Body, 4096)
+	if _, err := body.Peek(1); err != nil && !errors.Is(err, io.EOF) {
+		return nil, nil, &requestError{http.StatusRequestTimeout, "reading the request body: " + err.Error()}
+	}
+	release, err = h.Inflight.acquire(r.Context())
+	if err != nil {
+		return nil, nil, err
 	}
 	limit := h.MaxRequestBytes
 	if limit <= 0 {
 		limit = DefaultMaxRequestBytes
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
-	var args extenderv1.ExtenderArgs
-	if err := dec.Decode(&args); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, &requestError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes (see --max-request-bytes)", limit)}
-		}
-		return nil, &requestError{http.StatusBadRequest, "decoding ExtenderArgs: " + err.Error()}
+	if r.ContentLength > limit {
+		release()
+		return nil, nil, tooLarge(limit)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, &requestError{http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes (see --max-request-bytes)", limit)}
+	data, err := readBody(http.MaxBytesReader(w, readCloser{body, r.Body}, limit), r.ContentLength)
+	if err != nil {
+		release()
+		if errors.As(err, new(*http.MaxBytesError)) {
+			return nil, nil, tooLarge(limit)
 		}
-		return nil, &requestError{http.StatusBadRequest, "decoding ExtenderArgs: data after the JSON object"}
+		return nil, nil, &requestError{http.StatusBadRequest, "reading the request body: " + err.Error()}
+	}
+	args, err = DecodeArgs(data)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return args, release, nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+func tooLarge(limit int64) error {
+	return &requestError{http.StatusRequestEntityTooLarge, fmt.Sprintf(
+		"request body is larger than %d bytes, the most --max-request-bytes allows (with nodeCacheCapable: true kube-scheduler sends node names, not Nodes, and needs far less)", limit)}
+}
+
+// readBody reads r whole into one buffer of the announced length (-1:
+// unknown, then it grows as bytes.Buffer does).
+func readBody(r io.Reader, length int64) ([]byte, error) {
+	var buf bytes.Buffer
+	if length > 0 {
+		buf.Grow(int(length) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(r)
+	return buf.Bytes(), err
+}
+
+// DecodeArgs decodes one ExtenderArgs from data and checks what every
+// request needs: a Pod, and Nodes or NodeNames.
+func DecodeArgs(data []byte) (*extenderv1.ExtenderArgs, error) {
+	var args extenderv1.ExtenderArgs
+	if err := json.Unmarshal(data, &args); err != nil {
+		return nil, &requestError{http.StatusBadRequest, "decoding ExtenderArgs (the JSON of k8s.io/kube-scheduler/extender/v1): " + err.Error()}
 	}
 	if args.Pod == nil {
 		return nil, &requestError{http.StatusBadRequest, "ExtenderArgs has no Pod"}
@@ -155,6 +249,14 @@ func (h *Handler) decodeArgs(w http.ResponseWriter, r *http.Request) (*extenderv
 func writeRequestError(w http.ResponseWriter, err error) {
 	var re *requestError
 	if errors.As(err, &re) {
+		switch re.code {
+		case http.StatusServiceUnavailable:
+			w.Header().Set("Retry-After", "1")
+		case http.StatusRequestEntityTooLarge:
+			// The rest of the body is not read: the connection cannot
+			// carry another request.
+			w.Header().Set("Connection", "close")
+		}
 		http.Error(w, re.msg, re.code)
 		return
 	}
@@ -201,11 +303,12 @@ func (h *Handler) resolve(args *extenderv1.ExtenderArgs) (nodes []*v1.Node, unre
 // nodes as Nodes, or as NodeNames when the request carried NodeNames.
 func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
 	h.instrument("filter", w, func(w *statusWriter, orig http.ResponseWriter) {
-		args, err := h.decodeArgs(orig, r)
+		args, release, err := h.readArgs(orig, r)
 		if err != nil {
 			writeRequestError(w, err)
 			return
 		}
+		defer release()
 		nodes, unresolved := h.resolve(args)
 		res := h.Scheduler.Filter(r.Context(), args.Pod, nodes)
 		out := extenderv1.ExtenderFilterResult{
@@ -242,11 +345,12 @@ func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
 // score within 0..10.
 func (h *Handler) ServePrioritize(w http.ResponseWriter, r *http.Request) {
 	h.instrument("prioritize", w, func(w *statusWriter, orig http.ResponseWriter) {
-		args, err := h.decodeArgs(orig, r)
+		args, release, err := h.readArgs(orig, r)
 		if err != nil {
 			writeRequestError(w, err)
 			return
 		}
+		defer release()
 		nodes, unresolved := h.resolve(args)
 		if len(unresolved) > 0 {
 			// Scoring without the Nodes would be a guess; kube-scheduler

@@ -191,8 +191,8 @@ func TestBadRequests(t *testing.T) {
 	}{
 		{"malformed JSON", "POST", "application/json", []byte(`{"Pod":`), 400, "decoding ExtenderArgs"},
 		{"wrong JSON type", "POST", "application/json", []byte(`{"Pod":"yes"}`), 400, "decoding ExtenderArgs"},
-		{"trailing data", "POST", "application/json", append(append([]byte{}, good...), '}'), 400, "after the JSON"},
-		{"two objects", "POST", "application/json", append(append([]byte{}, good...), good...), 400, "after the JSON"},
+		{"trailing data", "POST", "application/json", append(append([]byte{}, good...), '}'), 400, "after top-level value"},
+		{"two objects", "POST", "application/json", append(append([]byte{}, good...), good...), 400, "after top-level value"},
 		{"null", "POST", "application/json", []byte(`null`), 400, "no Pod"},
 		{"no pod", "POST", "application/json", []byte(`{"Nodes":{"items":[]}}`), 400, "no Pod"},
 		{"no nodes", "POST", "application/json", []byte(`{"Pod":{}}`), 400, "neither Nodes nor NodeNames"},
