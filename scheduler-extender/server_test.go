@@ -150,3 +150,115 @@ func TestTLSConfigErrors(t *testing.T) {
 		t.Error("missing cert file: no error")
 	}
 }
+
+// testCA is a CA that signs client certificates.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// client returns a client certificate for cn that ca signed.
+func (ca *testCA) client(t *testing.T, cn string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestClientCertificates: with --client-ca-file, a client without a
+// certificate is refused (401, before its body is read) on every route but
+// /healthz, one whose certificate another CA signed fails the handshake,
+// and one with a certificate the CA signed is answered.
+func TestClientCertificates(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, serverPool := selfSigned(t, dir)
+	ca, rogue := newTestCA(t, "scheduler clients"), newTestCA(t, "someone else")
+	caFile := filepath.Join(dir, "client-ca.crt")
+	if err := os.WriteFile(caFile, ca.pem, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := start(t, Config{TLSCertFile: certFile, TLSKeyFile: keyFile, ClientCAFile: caFile})
+	url := "https://" + addr
+	clientWith := func(certs ...tls.Certificate) *http.Client {
+		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{RootCAs: serverPool, Certificates: certs}}}
+	}
+	body := filterBody(t)
+
+	anonymous := clientWith()
+	for _, path := range []string{"/filter", "/prioritize"} {
+		resp, err := anonymous.Post(url+path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(msg), "--client-ca-file") {
+			t.Errorf("%s without a client certificate: %d %q; want 401 naming --client-ca-file", path, resp.StatusCode, msg)
+		}
+	}
+	if resp, err := anonymous.Get(url + "/metrics"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("/metrics without a client certificate: %v %v", resp, err)
+	}
+	if resp, err := anonymous.Get(url + "/healthz"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthz (the kubelet's probes) without a client certificate: %v %v", resp, err)
+	}
+
+	// Go's client leaves out a certificate the server's CA list does not
+	// name (it is then anonymous, as above); present it regardless.
+	rogueCert := rogue.client(t, "kube-scheduler")
+	forced := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: serverPool,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &rogueCert, nil }}}}
+	if resp, err := forced.Post(url+"/filter", "application/json", bytes.NewReader(body)); err == nil {
+		resp.Body.Close()
+		t.Errorf("a client certificate another CA signed: %d; want the handshake refused", resp.StatusCode)
+	} else {
+		t.Logf("a certificate another CA signed: %v", err)
+	}
+
+	code, answer := postFilter(t, clientWith(ca.client(t, "kube-scheduler")), url, body)
+	if code != http.StatusOK {
+		t.Errorf("a client certificate the CA signed: %d %s", code, answer)
+	}
+}
+
+func TestClientCAErrors(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, _ := selfSigned(t, dir)
+	ctx := context.Background()
+	if err := Run(ctx, Config{Scheduler: testScheduler(), Listen: "127.0.0.1:0", ClientCAFile: certFile}); err == nil || !strings.Contains(err.Error(), "--tls-cert-file") {
+		t.Errorf("a client CA without HTTPS: %v", err)
+	}
+	notPEM := filepath.Join(dir, "ca.txt")
+	_ = os.WriteFile(notPEM, []byte("not a certificate"), 0o600)
+	if err := Run(ctx, Config{Scheduler: testScheduler(), Listen: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile, ClientCAFile: notPEM}); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("a client CA file without a certificate: %v", err)
+	}
+}
