@@ -27,8 +27,15 @@ import (
 	"github.com/tabbynet/tabby/test/testnet"
 )
 
-// extenderURL is where the test's extender serves.
-var extenderURL string
+// extenderURL is where the test's extender serves; extender is its
+// process, started with extenderBin and extenderArgs (TestExtenderOutage
+// stops and starts it).
+var (
+	extenderURL  string
+	extender     *cluster.Process
+	extenderBin  string
+	extenderArgs []string
+)
 
 func TestMain(m *testing.M) { clustertest.Main(m, setup) }
 
@@ -55,12 +62,10 @@ func setup(c *cluster.Cluster) error {
 		return err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if _, err := c.StartProcess(bin, "--kubeconfig", kubeconfig, "--listen", addr, "--tabbyd-namespace", "tabby-system"); err != nil {
-		return err
-	}
+	extenderBin, extenderArgs = bin, []string{"--kubeconfig", kubeconfig, "--listen", addr, "--tabbyd-namespace", "tabby-system"}
 	extenderURL = "http://" + addr
-	if err := waitHTTP(ctx, extenderURL+"/healthz"); err != nil {
-		return fmt.Errorf("tabby-scheduler-extender did not come up (see %s): %w", filepath.Join(c.Dir, "tabby-scheduler-extender.log"), err)
+	if err := startExtender(ctx, c); err != nil {
+		return err
 	}
 	cfg, err := schedulerConfig(extenderURL)
 	if err != nil {
@@ -94,6 +99,19 @@ func schedulerConfig(url string) ([]byte, error) {
 	}
 	ext[0].(map[string]any)["urlPrefix"] = url
 	return yaml.Marshal(cfg)
+}
+
+// startExtender starts the extender and waits until it answers.
+func startExtender(ctx context.Context, c *cluster.Cluster) error {
+	p, err := c.StartProcess(extenderBin, extenderArgs...)
+	if err != nil {
+		return err
+	}
+	extender = p
+	if err := waitHTTP(ctx, extenderURL+"/healthz"); err != nil {
+		return fmt.Errorf("tabby-scheduler-extender did not come up (see %s): %w", p.LogPath, err)
+	}
+	return nil
 }
 
 func waitHTTP(ctx context.Context, url string) error {

@@ -4,19 +4,23 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
-
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
@@ -252,32 +256,84 @@ func TestNetwork(t *testing.T) {
 	}
 }
 
-// TestExtenderManifest applies deploy/scheduler/extender.yaml to the real
-// API server: every object must be valid as users get it. (The scheduler
-// configuration next to it is what TestMain started kube-scheduler with.)
+// TestExtenderManifest applies deploy/scheduler's manifests to the real
+// API server: every object must be valid as users get it, the static pod
+// too (server-side dry run), and rbac.yaml lets both identities the
+// extender runs as read what it reads. (The scheduler configuration next
+// to them is what TestMain started kube-scheduler with.)
 func TestExtenderManifest(t *testing.T) {
 	fixture(t)
 	root, err := cluster.FindRepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := filepath.Join(root, "deploy", "scheduler")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := cluster.ApplyManifests(ctx, clustertest.Config(), filepath.Join(root, "deploy", "scheduler", "extender.yaml")); err != nil {
-		t.Fatal(err)
-	}
 	cs, err := kubernetes.NewForConfig(clustertest.Config())
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.AppsV1().Deployments("tabby-system").Delete(context.Background(), "tabby-scheduler-extender", metav1.DeleteOptions{})
+		_ = cs.NetworkingV1().NetworkPolicies("tabby-system").Delete(context.Background(), "tabby-scheduler-extender", metav1.DeleteOptions{})
+	})
+	for _, f := range []string{"rbac.yaml", "extender.yaml", "extender-networkpolicy.yaml"} {
+		if err := cluster.ApplyManifests(ctx, clustertest.Config(), filepath.Join(dir, f)); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
 	}
 	d, err := cs.AppsV1().Deployments("tabby-system").Get(ctx, "tabby-scheduler-extender", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = cs.AppsV1().Deployments("tabby-system").Delete(context.Background(), d.Name, metav1.DeleteOptions{})
-	})
 	if got := d.Spec.Template.Spec.ServiceAccountName; got != "tabby-scheduler-extender" {
 		t.Errorf("service account %q", got)
+	}
+	if _, err := cs.PolicyV1().PodDisruptionBudgets("tabby-system").Get(ctx, "tabby-scheduler-extender", metav1.GetOptions{}); err != nil {
+		t.Errorf("the Deployment's PodDisruptionBudget: %v", err)
+	}
+
+	data, err := os.ReadFile(filepath.Join(dir, "extender-static-pod.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	static := &corev1.Pod{}
+	if err := yaml.UnmarshalStrict(data, static); err != nil {
+		t.Fatalf("extender-static-pod.yaml: %v", err)
+	}
+	// No kube-controller-manager runs here to make the namespace's default
+	// ServiceAccount, which admission looks up for every pod.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: static.Namespace}}
+	if _, err := cs.CoreV1().ServiceAccounts(static.Namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods(static.Namespace).Create(ctx, static, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("extender-static-pod.yaml: %v", err)
+	}
+	if !slices.Contains(static.Spec.Containers[0].Args, "--listen=127.0.0.1:8888") || !static.Spec.HostNetwork {
+		t.Errorf("the static pod must serve on the node's loopback, where kube-scheduler-config.yaml's urlPrefix points: %v", static.Spec.Containers[0].Args)
+	}
+
+	for _, user := range []struct {
+		name   string
+		groups []string
+	}{
+		{"system:serviceaccount:tabby-system:tabby-scheduler-extender", []string{"system:serviceaccounts"}},
+		{"system:kube-scheduler", nil},
+	} {
+		for _, ra := range []authorizationv1.ResourceAttributes{
+			{Verb: "watch", Group: "tabby.io", Resource: "ipamblocks"},
+			{Verb: "list", Group: "coordination.k8s.io", Resource: "leases", Namespace: "tabby-system"},
+		} {
+			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user.name, Groups: user.groups, ResourceAttributes: &ra}}
+			res, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Status.Allowed {
+				t.Errorf("%s may not %s %s: %s", user.name, ra.Verb, ra.Resource, res.Status.Reason)
+			}
+		}
 	}
 }
