@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"strings"
@@ -13,7 +14,8 @@ import (
 
 // CheckPod verifies the pod end in the pod's namespace: the interface
 // exists, is a veth and up, has the MTU (when mtu > 0) and every address,
-// and routes to the gateways of its families.
+// routes to the gateways of its families, and permanent neighbour entries
+// for them pointing at HostVethMAC.
 func CheckPod(podNS ns.NetNS, w *Wiring) error {
 	v4, v6 := w.families()
 	return podNS.Do(func(ns.NetNS) error {
@@ -79,12 +81,39 @@ func CheckPod(podNS ns.NetNS, w *Wiring) error {
 		if v6 && !hasDefault(GatewayV6) {
 			return fmt.Errorf("the pod lacks its IPv6 default route via %s dev %s", GatewayV6, w.IfName)
 		}
-		return nil
+		return checkGatewayNeighs(link, w.IfName, gateways(v4, v6))
 	})
 }
 
+// checkGatewayNeighs verifies the pod's permanent neighbour entries for
+// its gateways (run it in the pod's namespace).
+func checkGatewayNeighs(link netlink.Link, ifName string, gws []net.IP) error {
+	for _, gw := range gws {
+		want := gatewayNeigh(link.Attrs().Index, gw)
+		neighs, err := netlink.NeighList(link.Attrs().Index, want.Family)
+		if err != nil {
+			return fmt.Errorf("listing the neighbour entries of %s in the pod: %w", ifName, err)
+		}
+		found := false
+		for _, n := range neighs {
+			if !n.IP.Equal(gw) {
+				continue
+			}
+			if n.State&netlink.NUD_PERMANENT == 0 || !bytes.Equal(n.HardwareAddr, HostVethMAC) {
+				return fmt.Errorf("the pod's neighbour entry for its gateway %s is not the permanent one to %s (it has lladdr %q, state %#x): delete and re-create the pod", gw, HostVethMAC, n.HardwareAddr.String(), n.State)
+			}
+			found = true
+		}
+		if !found {
+			return fmt.Errorf("the pod lacks its permanent neighbour entry %s lladdr %s dev %s: delete and re-create the pod", gw, HostVethMAC, ifName)
+		}
+	}
+	return nil
+}
+
 // CheckHost verifies the host end in the node's namespace (run it there):
-// the veth exists with the attachment's alias, is up, answers ARP by proxy
+// the veth exists with the attachment's alias and HostVethMAC, is up,
+// answers ARP by proxy
 // (IPv4) or holds fe80::1 (IPv6), and carries tabby's route to every pod
 // address.
 func CheckHost(w *Wiring) error {
@@ -98,6 +127,9 @@ func CheckHost(w *Wiring) error {
 	}
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		return fmt.Errorf("the host veth %s is down", w.HostVeth)
+	}
+	if !bytes.Equal(link.Attrs().HardwareAddr, HostVethMAC) {
+		return fmt.Errorf("the host veth %s has MAC %s, but the pod's gateway entries point at %s: set it back (ip link set %s address %s) or re-create the pod", w.HostVeth, link.Attrs().HardwareAddr, HostVethMAC, w.HostVeth, HostVethMAC)
 	}
 	if v4 {
 		v, err := sysctl.Sysctl("net/ipv4/conf/" + w.HostVeth + "/proxy_arp")

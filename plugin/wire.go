@@ -22,11 +22,23 @@ import (
 const RouteProtocol netlink.RouteProtocol = 80
 
 // Link-local gateways every pod routes through. The host end of the veth
-// answers ARP for 169.254.1.1 by proxy and carries fe80::1 itself.
+// carries fe80::1 itself and answers ARP for 169.254.1.1 by proxy; the pod
+// does not need either answer, though: it holds a permanent neighbour
+// entry for each gateway that points at HostVethMAC.
 var (
 	GatewayV4 = net.IPv4(169, 254, 1, 1).To4()
 	GatewayV6 = net.ParseIP("fe80::1")
 )
+
+// HostVethMAC is the MAC address of every host veth (as Calico's
+// ee:ee:ee:ee:ee:ee): locally administered, the same on every link since
+// each is point-to-point. Set explicitly, it is never rewritten by udev's
+// MACAddressPolicy (which replaces only random addresses), so the pod's
+// permanent neighbour entries for the gateways stay right. Proxy ARP alone
+// answers only while the node has a route to 169.254.1.1, which a node
+// without a default route lacks: its pods could reach nothing, not even
+// each other.
+var HostVethMAC = net.HardwareAddr{0xee, 0xee, 0xee, 0xee, 0xee, 0xee}
 
 // Wiring is what one attachment looks like in the kernel.
 type Wiring struct {
@@ -120,9 +132,11 @@ func RemoveStaleHostVeth(name string) (bool, error) {
 }
 
 // SetupPod creates the veth pair from inside the pod's namespace with the
-// host end made directly in the node's namespace (nodeNS), and configures
-// the pod end: addresses, the link-local gateway routes. It returns both
-// interfaces for the CNI result. Run it in the node's namespace.
+// host end made directly in the node's namespace (nodeNS), gives the host
+// end HostVethMAC, and configures the pod end: addresses, the link-local
+// gateway routes and permanent neighbour entries for the gateways. It
+// returns both interfaces for the CNI result. Run it in the node's
+// namespace.
 func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interface, err error) {
 	v4, v6 := w.families()
 	hostIf = &current.Interface{Name: w.HostVeth}
@@ -132,7 +146,10 @@ func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interfa
 		if err != nil {
 			return fmt.Errorf("creating veth %s (pod) / %s (node): %w", w.IfName, w.HostVeth, err)
 		}
-		hostIf.Mac = hv.HardwareAddr.String()
+		if err := nodeNS.Do(func(ns.NetNS) error { return setHostMAC(hv.Name) }); err != nil {
+			return err
+		}
+		hostIf.Mac = HostVethMAC.String()
 		podIf.Mac = cv.HardwareAddr.String()
 		link, err := netlinksafe.LinkByName(w.IfName)
 		if err != nil {
@@ -157,6 +174,11 @@ func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interfa
 			}
 		}
 		idx := link.Attrs().Index
+		for _, gw := range gateways(v4, v6) {
+			if err := netlink.NeighSet(gatewayNeigh(idx, gw)); err != nil {
+				return fmt.Errorf("adding the neighbour entry %s lladdr %s dev %s in the pod: %w", gw, HostVethMAC, w.IfName, err)
+			}
+		}
 		if v4 {
 			routes := []netlink.Route{
 				{LinkIndex: idx, Dst: &net.IPNet{IP: GatewayV4, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK},
@@ -180,6 +202,42 @@ func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interfa
 		return nil, nil, err
 	}
 	return hostIf, podIf, nil
+}
+
+// setHostMAC sets HostVethMAC on the host veth name (run it in the node's
+// namespace).
+func setHostMAC(name string) error {
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("looking up host veth %s: %w", name, err)
+	}
+	if err := netlink.LinkSetHardwareAddr(l, HostVethMAC); err != nil {
+		return fmt.Errorf("setting the MAC of host veth %s to %s: %w", name, HostVethMAC, err)
+	}
+	return nil
+}
+
+// gateways are the gateways of the families in use.
+func gateways(v4, v6 bool) []net.IP {
+	var out []net.IP
+	if v4 {
+		out = append(out, GatewayV4)
+	}
+	if v6 {
+		out = append(out, GatewayV6)
+	}
+	return out
+}
+
+// gatewayNeigh is the pod's permanent neighbour entry for gw on the pod
+// end (link index idx): the host veth answers for it whatever the node's
+// routes are.
+func gatewayNeigh(idx int, gw net.IP) *netlink.Neigh {
+	family := netlink.FAMILY_V4
+	if gw.To4() == nil {
+		family = netlink.FAMILY_V6
+	}
+	return &netlink.Neigh{LinkIndex: idx, Family: family, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: HostVethMAC}
 }
 
 // SetupHost configures the host end in the node's namespace (run it there):

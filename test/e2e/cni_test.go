@@ -219,6 +219,84 @@ func TestCNIPodsPing(t *testing.T) {
 	}
 }
 
+// TestCNINoDefaultRoute: on a node without a default route (air-gapped,
+// or routes only to specific networks) two pods still reach each other
+// over IPv4 and IPv6. Proxy ARP answers for 169.254.1.1 only while the
+// node has a route to it; the pod's permanent neighbour entries for its
+// gateways, pointing at the host veth's MAC, do not depend on the node's
+// routes. CHECK verifies the entries and the host veth's MAC.
+func TestCNINoDefaultRoute(t *testing.T) {
+	n := newNode(t)
+	n.addPool(t, 4, nil)
+	n.addPool(t, 6, nil)
+	err := n.Do(func() error {
+		for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			routes, err := netlink.RouteList(nil, family)
+			if err != nil {
+				return err
+			}
+			for _, r := range routes {
+				if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+					if err := netlink.RouteDel(&r); err != nil {
+						return fmt.Errorf("deleting the default route %s: %w", r, err)
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := conflist(t, "1.1.0", n.TabbyConf(map[string]any{"assignIPv4": true, "assignIPv6": true}))
+	a, b := newPod(t, n, "noroute-a", nil), newPod(t, n, "", nil)
+	ra, rb := n.mustAdd(t, list, a), n.mustAdd(t, list, b)
+	if ra.Interfaces[0].Mac != plugin.HostVethMAC.String() {
+		t.Errorf("the result gives the host veth MAC %s, want %s", ra.Interfaces[0].Mac, plugin.HostVethMAC)
+	}
+	err = a.NS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(a.IfName)
+		if err != nil {
+			return err
+		}
+		neighs, err := netlink.NeighList(l.Attrs().Index, netlink.FAMILY_ALL)
+		if err != nil {
+			return err
+		}
+		for _, gw := range []net.IP{plugin.GatewayV4, plugin.GatewayV6} {
+			found := false
+			for _, nb := range neighs {
+				found = found || (nb.IP.Equal(gw) && nb.State == netlink.NUD_PERMANENT && nb.HardwareAddr.String() == plugin.HostVethMAC.String())
+			}
+			if !found {
+				t.Errorf("the pod has no permanent neighbour entry %s lladdr %s: %v", gw, plugin.HostVethMAC, neighs)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		from ns.NetNS
+		to   net.IP
+	}{
+		{"a to b (v4)", a.NS, testnet.ResultIPs(rb, false)[0]},
+		{"b to a (v4)", b.NS, testnet.ResultIPs(ra, false)[0]},
+		{"a to b (v6)", a.NS, testnet.ResultIPs(rb, true)[0]},
+		{"b to a (v6)", b.NS, testnet.ResultIPs(ra, true)[0]},
+		{"a to node (v4)", a.NS, n.IPv4},
+	} {
+		if err := testnet.Ping(c.from, c.to); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	if err := n.Check(ctxT(t), list, a, nil); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+}
+
 // TestCNIDualStack: with assignIPv6 a pod gets a /32 and a /128, IPv6
 // routes via fe80::1, and pods reach each other and the node over both.
 func TestCNIDualStack(t *testing.T) {
@@ -319,6 +397,40 @@ func TestCNICheckFails(t *testing.T) {
 		err := n.Check(ctxT(t), list, pod, nil)
 		if err == nil || !strings.Contains(err.Error(), "IPAM no longer holds "+res.IPs[0].Address.IP.String()) {
 			t.Errorf("CHECK after releasing the address: %v", err)
+		}
+	})
+	t.Run("gateway neighbour entry removed", func(t *testing.T) {
+		pod := newPod(t, n, "", nil)
+		n.mustAdd(t, list, pod)
+		err := pod.NS.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			return netlink.NeighDel(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, IP: plugin.GatewayV4})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), "lacks its permanent neighbour entry 169.254.1.1") {
+			t.Errorf("CHECK after deleting the gateway's neighbour entry: %v", err)
+		}
+	})
+	t.Run("host veth MAC changed", func(t *testing.T) {
+		pod := newPod(t, n, "", nil)
+		res := n.mustAdd(t, list, pod)
+		err := n.Do(func() error {
+			l, err := netlink.LinkByName(res.Interfaces[0].Name)
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetHardwareAddr(l, net.HardwareAddr{0x02, 0, 0, 0, 0, 1})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), "has MAC 02:00:00:00:00:01") {
+			t.Errorf("CHECK after changing the host veth's MAC: %v", err)
 		}
 	})
 	t.Run("host veth deleted", func(t *testing.T) {
