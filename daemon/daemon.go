@@ -2,9 +2,11 @@
 // datastore and converges the node's routes, BGP sessions and policy rules
 // with level-triggered loops, and serves health and metrics.
 //
-// It serves /healthz, /readyz (the datastore answers and routing is
-// ready), /status (the node's BGP sessions and routes, package nodestatus)
-// and /metrics; serves the CNI plugins' IPAM on a unix socket (package
+// It serves, on the node's loopback by default, /healthz, /readyz (routing
+// and policy are ready and the API server answered the last heartbeat,
+// all from state: no probe costs an API call; health.go), /status (the
+// node's BGP sessions and routes, package nodestatus) and /metrics (also
+// on --metrics-listen when set); serves the CNI plugins' IPAM on a unix socket (package
 // cniagent); and runs the routing loop (reconcile.go): it publishes the
 // node's routing identity in its Node's annotations (node.go), watches
 // Nodes, IPPools, IPAMBlocks, BGPConfigurations, BGPPeers and the Secrets
@@ -25,18 +27,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/cniagent"
-	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/ipam/gc"
@@ -45,10 +44,13 @@ import (
 
 // Config is what tabbyd is started with.
 type Config struct {
-	NodeName     string
-	Kubeconfig   string
-	NodeIP       net.IP
-	HealthListen string // address of /healthz, /readyz and /metrics
+	NodeName   string
+	Kubeconfig string
+	NodeIP     net.IP
+	// HealthListen serves /healthz, /readyz, /status and /metrics
+	// (default DefaultHealthListen, the loopback only); MetricsListen, when
+	// set, serves /metrics alone there too, for Prometheus.
+	HealthListen, MetricsListen string
 	// CNISocket is where the CNI agent serves the plugins (the CNI config's
 	// agentSocket); "" turns the agent off.
 	CNISocket string
@@ -100,54 +102,45 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every client of tabbyd is made from rc: count what they ask of the
+	// API server.
+	rc.WrapTransport = newAPIRequests(reg).wrap
 	ds, err := datastore.New(rc)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mux := http.NewServeMux()
-	var routes *router              // set before the server starts
-	var policies *netpol.Controller // nil: NetworkPolicy off
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		c, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := ds.Ping(c); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if err := routes.Ready(); err != nil {
-			http.Error(w, "routing: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if policies != nil {
-			if err := policies.Ready(); err != nil {
-				http.Error(w, "networkpolicy: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	ln, err := net.Listen("tcp", cfg.HealthListen)
-	if err != nil {
-		return fmt.Errorf("listening for health and metrics on %s: %w (pick another --health-listen)", cfg.HealthListen, err)
+	ready := &readiness{}
+	mux := healthMux(ready, reg)
+	healthAddr := cfg.HealthListen
+	if healthAddr == "" {
+		healthAddr = DefaultHealthListen
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
+	ln, err := listenHTTP(healthAddr, "--health-listen")
+	if err != nil {
+		return fmt.Errorf("serving health and status: %w", err)
+	}
+	var mln net.Listener
+	if cfg.MetricsListen != "" {
+		if mln, err = listenHTTP(cfg.MetricsListen, "--metrics-listen"); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("serving metrics: %w", err)
+		}
+	}
+	closeListeners := func() {
+		_ = ln.Close()
+		if mln != nil {
+			_ = mln.Close()
+		}
+	}
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	// One iptables backend for routing (NAT outgoing) and NetworkPolicy.
 	var backend *iptbackend.Backend
 	if b, err := iptbackend.Detect(ctx, iptbackend.Options{Mode: cfg.IPTablesBackend}); err != nil {
 		if cfg.NetworkPolicy || cfg.IPTablesBackend != "" {
-			_ = ln.Close()
+			closeListeners()
 			return fmt.Errorf("finding the iptables backend: %w (install iptables, or pass --iptables-backend; NetworkPolicy needs it)", err)
 		}
 		cfg.Log.Warn("no iptables backend: NAT outgoing cannot be programmed", "error", err)
@@ -163,20 +156,40 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		stop()
 		<-routingDone
-		_ = ln.Close()
+		closeListeners()
 		return err
 	}
-	// The heartbeat says what /readyz says (the API server's answer is
-	// the renewal itself): routes, and policies when enforced, programmed.
-	go runHeartbeat(ctx, rc, cfg.Namespace, cfg.NodeName, func() error {
+	var policyReady func() error
+	if policies != nil {
+		policyReady = policies.Ready
+	}
+	// The heartbeat says what /readyz says: routes, and policies when
+	// enforced, programmed (its renewal is the API server's answer).
+	hb, err := newHeartbeat(rc, cfg.Namespace, cfg.NodeName, func() error {
 		if err := routes.Ready(); err != nil {
 			return err
 		}
-		if policies != nil {
-			return policies.Ready()
+		if policyReady != nil {
+			return policyReady()
 		}
 		return nil
 	}, cfg.Log)
+	if err != nil {
+		closeListeners()
+		stop()
+		<-routingDone
+		<-policyDone
+		return err
+	}
+	go hb.run(ctx)
+	// /readyz answers from state: the routing loop's (its caches synced,
+	// its last reconcile), the policy loop's, and whether the API server
+	// answered the last heartbeat. No probe costs an API call.
+	ready.checks = []readinessCheck{
+		{"routing", routes.Ready},
+		{"networkpolicy", policyReady},
+		{"heartbeat", hb.apiError},
+	}
 	agentDone := make(chan struct{})
 	if cfg.CNISocket != "" {
 		// The agent paces itself (one assignment or release at a time on
@@ -187,7 +200,7 @@ func Run(ctx context.Context, cfg Config) error {
 		arc.QPS = -1
 		ads, err := datastore.New(arc)
 		if err != nil {
-			_ = ln.Close()
+			closeListeners()
 			return err
 		}
 		acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Registerer: reg}
@@ -196,7 +209,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		agent, err := cniagent.New(acfg)
 		if err != nil {
-			_ = ln.Close()
+			closeListeners()
 			return err
 		}
 		go func() {
@@ -213,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 	gcDone := make(chan struct{})
 	if cfg.IPAMGC {
 		if err := startIPAMGC(ctx, cfg, rc, ds, reg, gcDone); err != nil {
-			_ = ln.Close()
+			closeListeners()
 			stop()
 			<-agentDone
 			<-routingDone
@@ -223,17 +236,27 @@ func Run(ctx context.Context, cfg Config) error {
 	} else {
 		close(gcDone)
 	}
-	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String(), "cniSocket", cfg.CNISocket)
-	err = srv.Serve(ln)
+	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String(), "metrics", cfg.MetricsListen, "cniSocket", cfg.CNISocket)
+	merr := make(chan error, 1)
+	if mln != nil {
+		go func() {
+			err := serveUntil(ctx, httpServer(metricsMux(reg)), mln)
+			if err != nil {
+				cfg.Log.Error("serving /metrics on --metrics-listen stopped", "address", cfg.MetricsListen, "error", err)
+			}
+			merr <- err
+		}()
+	} else {
+		merr <- nil
+	}
+	err = serveUntil(ctx, httpServer(mux), ln)
 	stop()
 	<-agentDone
 	<-routingDone
 	<-policyDone
 	<-gcDone
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	err = errors.Join(err, <-merr)
+	return err
 }
 
 // startIPAMGC runs the IPAM garbage collector's election (and the

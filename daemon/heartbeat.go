@@ -2,7 +2,10 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -16,59 +19,129 @@ import (
 // Heartbeat timing: tabbyd renews its Lease as soon as it is ready and then
 // every HeartbeatInterval while it stays ready; readers take it as lapsed
 // HeartbeatDuration after the last renewal (the scheduler extender then
-// keeps new pods off the node).
+// keeps new pods off the node). A failed renewal is retried after
+// HeartbeatRetryMin, doubling up to HeartbeatInterval (with jitter), so a
+// cluster of tabbyds does not hammer an API server that is struggling.
 const (
 	HeartbeatInterval = 10 * time.Second
 	HeartbeatDuration = 40 * time.Second
+	HeartbeatRetryMin = time.Second
 )
 
 // HeartbeatLeaseName is the name of node's heartbeat Lease in tabbyd's
 // namespace (tabby-scheduler-extender's network plugin reads it).
 func HeartbeatLeaseName(node string) string { return "tabbyd-" + node }
 
-// runHeartbeat renews the node's heartbeat Lease while ready says tabbyd is
-// ready, until ctx ends.
-func runHeartbeat(ctx context.Context, rc *rest.Config, namespace, node string, ready func() error, log *slog.Logger) {
+// retryDelay is how long the heartbeat waits after its failures-th failure
+// in a row (failures >= 1): HeartbeatRetryMin doubled per failure, capped
+// at HeartbeatInterval, then spread by jitter (in [-1, 1]) by up to 20%.
+func retryDelay(failures int, jitter float64) time.Duration {
+	d := HeartbeatInterval
+	if failures < 5 { // 1s << 4 = 16s is past the cap already
+		d = min(HeartbeatRetryMin<<max(failures-1, 0), HeartbeatInterval)
+	}
+	return d + time.Duration(float64(d)*0.2*jitter)
+}
+
+// heartbeat renews the node's heartbeat Lease while tabbyd is ready, and
+// remembers how the API server answered: /readyz reads that instead of
+// asking the API server itself.
+type heartbeat struct {
+	ready func() error                    // whether tabbyd is ready
+	renew func(ctx context.Context) error // one renewal of the Lease
+	what  string                          // the Lease, for messages
+	log   *slog.Logger
+
+	mu           sync.Mutex
+	renewed      time.Time // the last successful renewal (zero: none since ready)
+	failures     int       // failed renewals in a row
+	lastErr      error     // the last renewal's error (nil: it succeeded, or none yet)
+	failingSince time.Time // the first of the failures in a row
+	retryAt      time.Time // no renewal before then (after a failure)
+}
+
+// tick is one step of the heartbeat at now: it renews the Lease when
+// tabbyd is ready and a renewal is due (the first one since ready, or
+// HeartbeatInterval after the last), unless a failure's backoff holds it.
+// It reports whether it asked the API server.
+func (h *heartbeat) tick(ctx context.Context, now time.Time) bool {
+	if err := h.ready(); err != nil {
+		h.mu.Lock()
+		h.renewed = time.Time{} // not ready: let the Lease lapse
+		h.mu.Unlock()
+		return false
+	}
+	h.mu.Lock()
+	due := (h.renewed.IsZero() || now.Sub(h.renewed) >= HeartbeatInterval) && !now.Before(h.retryAt)
+	h.mu.Unlock()
+	if !due {
+		return false
+	}
+	err := h.renew(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil {
+		if h.lastErr != nil {
+			h.log.Info("heartbeat: the Lease is renewed again", "lease", h.what, "failures", h.failures)
+		}
+		h.renewed, h.failures, h.lastErr, h.failingSince, h.retryAt = now, 0, nil, time.Time{}, time.Time{}
+		return true
+	}
+	if h.failures == 0 {
+		h.failingSince = now
+	}
+	h.failures++
+	delay := retryDelay(h.failures, 2*rand.Float64()-1)
+	h.retryAt = now.Add(delay)
+	if h.lastErr == nil || h.lastErr.Error() != err.Error() {
+		h.log.Warn("heartbeat: renewing the Lease failed; retrying with backoff", "lease", h.what, "retryIn", delay.Round(time.Millisecond), "err", err)
+	}
+	h.lastErr = err
+	return true
+}
+
+// apiError says why tabbyd is not ready as far as the API server goes:
+// the last renewal of the Lease failed (the API server cannot be reached,
+// or refuses the renewal). Nil when it succeeded, or none was tried yet
+// (tabbyd was not ready to).
+func (h *heartbeat) apiError() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lastErr == nil {
+		return nil
+	}
+	return fmt.Errorf("renewing tabbyd's heartbeat Lease %s has failed since %s (%d tries; the scheduler extender keeps new pods off this node once it lapses): %w", h.what, h.failingSince.Format(time.RFC3339), h.failures, h.lastErr)
+}
+
+// newHeartbeat makes the heartbeat of node's Lease in namespace.
+func newHeartbeat(rc *rest.Config, namespace, node string, ready func() error, log *slog.Logger) (*heartbeat, error) {
 	cs, err := coordclient.NewForConfig(rc)
 	if err != nil {
-		log.Error("heartbeat: no client; the scheduler extender will see this node's tabbyd as not running", "err", err)
-		return
+		return nil, fmt.Errorf("heartbeat: building the coordination.k8s.io client: %w", err)
 	}
 	leases := cs.Leases(namespace)
 	name := HeartbeatLeaseName(node)
-	var lastErr string
-	var renewed time.Time
-	// Readiness is checked every second, so the first heartbeat goes out
-	// the moment tabbyd is ready (the extender places no pod on the node
-	// before it); after that the Lease is renewed every HeartbeatInterval.
-	beat := func() {
-		if err := ready(); err != nil {
-			renewed = time.Time{} // not ready: let the Lease lapse
-			return
-		}
-		if !renewed.IsZero() && time.Since(renewed) < HeartbeatInterval {
-			return
-		}
-		err := renewLease(ctx, leases, name, node)
-		if err != nil && err.Error() != lastErr {
-			log.Warn("heartbeat: renewing the Lease failed; retrying", "lease", namespace+"/"+name, "err", err)
-		}
-		lastErr = ""
-		if err != nil {
-			lastErr = err.Error()
-			return
-		}
-		renewed = time.Now()
-	}
-	beat()
+	return &heartbeat{
+		ready: ready,
+		renew: func(ctx context.Context) error { return renewLease(ctx, leases, name, node) },
+		what:  namespace + "/" + name,
+		log:   log,
+	}, nil
+}
+
+// run ticks until ctx ends. Readiness is checked every second, so the
+// first heartbeat goes out the moment tabbyd is ready (the extender places
+// no pod on the node before it); checking it costs no API call.
+func (h *heartbeat) run(ctx context.Context) {
+	h.tick(ctx, time.Now())
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			beat()
+		case now := <-t.C:
+			h.tick(ctx, now)
 		}
 	}
 }
