@@ -275,7 +275,9 @@ func TestGenExtender(t *testing.T) {
 // TestProbes: tabby-node is Ready as soon as tabbyd is: a startup probe
 // asks /readyz every second (kubelet then runs the readiness probe at
 // once), for long enough that a slow API server does not restart it; the
-// readiness probe keeps its period, each /readyz costing an API call.
+// readiness probe keeps its period. Every probe asks 127.0.0.1, where
+// tabbyd's --health-listen is (with hostNetwork the kubelet would dial the
+// node's address otherwise).
 func TestProbes(t *testing.T) {
 	data, err := os.ReadFile("../tabby.yaml")
 	if err != nil {
@@ -295,6 +297,20 @@ func TestProbes(t *testing.T) {
 	}
 	if l.HTTPGet == nil || l.HTTPGet.Path != "/healthz" {
 		t.Errorf("liveness probe %+v", l)
+	}
+	listen := ""
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--health-listen="); ok {
+			listen = v
+		}
+	}
+	if listen != "127.0.0.1:9099" {
+		t.Errorf("tabbyd --health-listen=%q, want 127.0.0.1:9099 (the loopback only)", listen)
+	}
+	for name, p := range map[string]*corev1.Probe{"startup": s, "readiness": r, "liveness": l} {
+		if p.HTTPGet == nil || p.HTTPGet.Host+":"+p.HTTPGet.Port.String() != listen {
+			t.Errorf("the %s probe asks %+v, not tabbyd's --health-listen %s", name, p.HTTPGet, listen)
+		}
 	}
 }
 
