@@ -87,7 +87,7 @@ type Agent struct {
 	pending   map[string]chan struct{} // handle ID -> closed once recorded
 	records   sync.WaitGroup
 
-	otherNodes sync.Map // node names of requests for other nodes (warned once)
+	otherNodes sync.Map // node names of refused requests for other nodes (warned once)
 
 	// stopping ends when the agent shuts down: policy waits end with it
 	// rather than hold tabbyd's exit for their whole bound. (IPAM requests
@@ -229,6 +229,8 @@ func endpoint[Req, Resp any](mux *http.ServeMux, a *Agent, name string, f func(c
 				status = http.StatusServiceUnavailable
 			case e.Exhausted:
 				status = http.StatusConflict
+			case e.Forbidden:
+				status = http.StatusForbidden
 			}
 			a.log.Debug("request failed", "endpoint", name, "error", e.Message)
 			w.WriteHeader(status)
@@ -240,22 +242,28 @@ func endpoint[Req, Resp any](mux *http.ServeMux, a *Agent, name string, f func(c
 	})
 }
 
-// checkNode warns once per node about requests for another node: the agent
-// answers them correctly (every write is a compare-and-swap) but without its
-// caches' help, and it means a plugin's agentSocket names another node's
-// tabbyd.
-func (a *Agent) checkNode(node string) {
+// checkNode refuses a request that names another node than this tabbyd's
+// (or none): each node's agent serves only its own node's plugins, so a
+// plugin on one node (or anything else that reaches the socket) cannot
+// take or free addresses in another node's blocks through it. It means a
+// CNI config whose nodename, or whose agentSocket, is another node's.
+// Warned once per node name.
+func (a *Agent) checkNode(node string) error {
 	if node == a.cfg.NodeName {
-		return
+		return nil
 	}
 	a.met.otherNode.Inc()
 	if _, seen := a.otherNodes.LoadOrStore(node, true); !seen {
-		a.log.Warn("a CNI request for another node: its plugin's agentSocket names this tabbyd's socket", "node", node, "this", a.cfg.NodeName, "socket", a.cfg.Socket)
+		a.log.Warn("refused a CNI request for another node: its CNI config's nodename or agentSocket is wrong", "node", node, "this", a.cfg.NodeName, "socket", a.cfg.Socket)
 	}
+	return &agentapi.Error{Forbidden: true, Message: fmt.Sprintf(
+		"tabbyd: the CNI agent at %s serves node %q only, and the request names node %q: set the CNI config's \"nodename\" to this node's name (as kubectl get nodes shows it), or point \"agentSocket\" at this node's tabbyd", a.cfg.Socket, a.cfg.NodeName, node)}
 }
 
 func (a *Agent) assign(ctx context.Context, r agentapi.AssignRequest) (agentapi.AssignResponse, error) {
-	a.checkNode(r.Node)
+	if err := a.checkNode(r.Node); err != nil {
+		return agentapi.AssignResponse{}, err
+	}
 	ops := a.ops
 	ops.Pods = a.caches.ForPod(r.PodUID)
 	// The annotations are read before the lock: only the assignment itself
@@ -330,7 +338,9 @@ func (a *Agent) awaitRecord(ctx context.Context, handleID string) {
 }
 
 func (a *Agent) release(ctx context.Context, r agentapi.HandleRequest) (agentapi.Empty, error) {
-	a.checkNode(r.Node)
+	if err := a.checkNode(r.Node); err != nil {
+		return agentapi.Empty{}, err
+	}
 	a.awaitRecord(ctx, r.HandleID)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -338,17 +348,26 @@ func (a *Agent) release(ctx context.Context, r agentapi.HandleRequest) (agentapi
 }
 
 func (a *Agent) handleIPs(ctx context.Context, r agentapi.HandleRequest) (agentapi.HandleIPsResponse, error) {
+	if err := a.checkNode(r.Node); err != nil {
+		return agentapi.HandleIPsResponse{}, err
+	}
 	a.awaitRecord(ctx, r.HandleID)
 	ips, err := a.ops.HandleIPs(ctx, r.HandleID, r.Node)
 	return agentapi.HandleIPsResponse{IPs: ips}, err
 }
 
 func (a *Agent) nodeHandles(ctx context.Context, r agentapi.NodeRequest) (agentapi.NodeHandlesResponse, error) {
+	if err := a.checkNode(r.Node); err != nil {
+		return agentapi.NodeHandlesResponse{}, err
+	}
 	hs, err := a.ops.NodeHandles(ctx, r.Node)
 	return agentapi.NodeHandlesResponse{Handles: hs}, err
 }
 
 func (a *Agent) usablePools(ctx context.Context, r agentapi.NodeRequest) (agentapi.PoolsResponse, error) {
+	if err := a.checkNode(r.Node); err != nil {
+		return agentapi.PoolsResponse{}, err
+	}
 	ps, err := a.ops.UsablePools(ctx, r.Node)
 	return agentapi.PoolsResponse{Pools: ps}, err
 }

@@ -323,3 +323,57 @@ func TestSocket(t *testing.T) {
 	}
 	_ = ln.Close()
 }
+
+// TestAgentRefusesOtherNodes: every request that names another node than
+// the agent's (or none) is refused with 403 and a message that says what
+// to fix, and changes nothing: an address held by the other node stays
+// held, and no address is assigned for it.
+func TestAgentRefusesOtherNodes(t *testing.T) {
+	w := newWorld(t)
+	ctx := testCtx(t)
+	other := newWorld(t) // another node, with its own pool
+	reg := prometheus.NewRegistry()
+	_, cl := runAgent(t, w, reg)
+	held, err := ipam.New(other.ds).Assign(ctx, ipam.Request{HandleID: "net.other", Node: other.node, IPv4: true})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("assigning on the other node directly: %v, %v", held, err)
+	}
+	t.Cleanup(func() { _ = ipam.New(other.ds).ReleaseHandle(context.Background(), "net.other", other.node) })
+
+	for _, node := range []string{other.node, ""} {
+		calls := map[string]error{}
+		_, calls["assign"] = cl.Assign(ctx, agentapi.AssignRequest{HandleID: "net.stolen", Node: node, IPv4: true})
+		calls["release-handle"] = cl.ReleaseHandle(ctx, "net.other", node)
+		_, calls["handle-ips"] = cl.HandleIPs(ctx, "net.other", node)
+		_, calls["node-handles"] = cl.NodeHandles(ctx, node)
+		_, calls["usable-pools"] = cl.UsablePools(ctx, node)
+		for ep, err := range calls {
+			var ae *agentapi.Error
+			if !errors.As(err, &ae) || !ae.Forbidden || !strings.Contains(ae.Message, fmt.Sprintf("serves node %q only, and the request names node %q", w.node, node)) {
+				t.Errorf("%s for node %q: %v, want a refusal", ep, node, err)
+			}
+		}
+	}
+	ips, err := ipam.New(other.ds).HandleIPs(ctx, "net.other")
+	if err != nil || len(ips) != 1 || !ips[0].Equal(held[0].IP) {
+		t.Errorf("the other node's address after a refused release: %v, %v, want %v", ips, err, held[0].IP)
+	}
+	if ips, err := ipam.New(w.ds).HandleIPs(ctx, "net.stolen"); err != nil || len(ips) != 0 {
+		t.Errorf("a refused assignment holds %v (%v)", ips, err)
+	}
+	// Its own node is still served.
+	if _, err := cl.UsablePools(ctx, w.node); err != nil {
+		t.Errorf("usable-pools for its own node: %v", err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "tabby_cni_agent_other_node_requests_total" {
+			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 10 {
+				t.Errorf("tabby_cni_agent_other_node_requests_total = %v, want 10", got)
+			}
+		}
+	}
+}

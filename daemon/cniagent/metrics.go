@@ -35,7 +35,7 @@ func newMetrics() metrics {
 		}, []string{"result"}),
 		otherNode: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tabby_cni_agent_other_node_requests_total",
-			Help: "Requests naming another node than this tabbyd's (a CNI config whose agentSocket is another node's).",
+			Help: "Requests refused because they name another node than this tabbyd's (a CNI config whose nodename or agentSocket is another node's).",
 		}),
 	}
 }

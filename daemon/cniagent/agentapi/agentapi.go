@@ -140,6 +140,9 @@ type Error struct {
 	Unreachable bool `json:"unreachable,omitempty"`
 	// Exhausted: no pool could satisfy the request (ipam.ErrExhausted).
 	Exhausted bool `json:"exhausted,omitempty"`
+	// Forbidden: the agent does not serve this request, such as one that
+	// names another node than the agent's (fix the CNI config).
+	Forbidden bool `json:"forbidden,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }
