@@ -3,6 +3,7 @@ package plugin
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+	"gopkg.in/natefinch/lumberjack.v2"
 
 	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 )
@@ -29,6 +31,14 @@ const (
 	// DefaultPolicyWaitTimeout bounds how long ADD waits for tabbyd to
 	// program the pod's NetworkPolicy.
 	DefaultPolicyWaitTimeout = 10 * time.Second
+	// DefaultLogFile is where the plugins log (when logLevel is set),
+	// rotated at DefaultLogFileMaxSize MiB, keeping
+	// DefaultLogFileMaxBackups older files for at most
+	// DefaultLogFileMaxAge days.
+	DefaultLogFile           = "/var/log/tabby/cni.log"
+	DefaultLogFileMaxSize    = 100
+	DefaultLogFileMaxBackups = 5
+	DefaultLogFileMaxAge     = 30
 )
 
 // NetConf is the CNI network config of the tabby plugin as it appears in the
@@ -44,7 +54,8 @@ const (
 //
 // The tabby-ipam plugin reads the same keys: when it runs under another plugin
 // (ptp, bridge) the ipam section may carry kubeconfig, nodename, timeout,
-// lockFile, agentSocket and logLevel itself; they override the top-level ones.
+// lockFile, agentSocket, logLevel and logFile itself; they override the
+// top-level ones.
 type NetConf struct {
 	types.NetConf
 
@@ -56,9 +67,17 @@ type NetConf struct {
 	// MTU of the pod interface; 0 detects it from the node's default-route
 	// interface minus the encapsulation overhead of the usable pools.
 	MTU int `json:"mtu,omitempty"`
-	// LogLevel (debug, info, warn, error) turns logging to stderr on; empty
-	// means no logging.
+	// LogLevel (debug, info, warn, error) turns logging on; empty means no
+	// logging.
 	LogLevel string `json:"logLevel,omitempty"`
+	// LogFile is where the log goes (default DefaultLogFile), rotated by
+	// size; "" logs to stderr. LogFileMaxSize (MiB), LogFileMaxBackups and
+	// LogFileMaxAge (days; 0 keeps them whatever their age) tune the
+	// rotation.
+	LogFile           *string `json:"logFile,omitempty"`
+	LogFileMaxSize    *int    `json:"logFileMaxSize,omitempty"`
+	LogFileMaxBackups *int    `json:"logFileMaxBackups,omitempty"`
+	LogFileMaxAge     *int    `json:"logFileMaxAge,omitempty"`
 	// Timeout bounds the datastore work of one command ("30s" by default).
 	Timeout string `json:"timeout,omitempty"`
 	// LockFile serialises IPAM between concurrent commands on one node;
@@ -95,6 +114,7 @@ type IPAMConf struct {
 	Kubeconfig  string  `json:"kubeconfig,omitempty"`
 	NodeName    string  `json:"nodename,omitempty"`
 	LogLevel    string  `json:"logLevel,omitempty"`
+	LogFile     *string `json:"logFile,omitempty"`
 	Timeout     string  `json:"timeout,omitempty"`
 	LockFile    string  `json:"lockFile,omitempty"`
 	AgentSocket *string `json:"agentSocket,omitempty"`
@@ -111,6 +131,8 @@ type Config struct {
 	// MTU as configured (0 = detect).
 	MTU      int
 	LogLevel string
+	// Log is where the log goes when LogLevel is set.
+	Log      LogFile
 	Timeout  time.Duration
 	LockFile string
 	// AgentSocket is tabbyd's CNI agent; "" means do not use it.
@@ -158,7 +180,7 @@ func LoadConfig(data []byte) (*Config, error) {
 	if err := json.Unmarshal(data, &nc); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure,
 			fmt.Sprintf("tabby: the network config is not valid JSON of the expected shape: %v", err),
-			"keys and types: kubeconfig (string), nodename (string), mtu (number), logLevel (string), timeout (duration string), ipam (object with type, assignIPv4, assignIPv6)")
+			"keys and types: kubeconfig (string), nodename (string), mtu (number), logLevel (string), logFile (string), logFileMaxSize, logFileMaxBackups and logFileMaxAge (numbers), timeout (duration string), ipam (object with type, assignIPv4, assignIPv6)")
 	}
 	c := &Config{
 		Raw:        data,
@@ -210,6 +232,11 @@ func LoadConfig(data []byte) (*Config, error) {
 	default:
 		return nil, ConfigError("tabby: logLevel %q is not known: use debug, info, warn or error (or leave it out for no logging)", c.LogLevel)
 	}
+	lf, err := logFileOf(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.Log = lf
 	c.Timeout = DefaultTimeout
 	if t := firstNonEmpty(nc.IPAM.Timeout, nc.Timeout); t != "" {
 		d, err := time.ParseDuration(t)
@@ -265,8 +292,76 @@ func LoadConfig(data []byte) (*Config, error) {
 	return c, nil
 }
 
-// Logger returns the logger the config asks for: stderr at the level set by
-// logLevel, or a logger that discards everything.
+// LogFile is where a plugin logs, and how the file is rotated.
+type LogFile struct {
+	// Path of the file; "" logs to stderr.
+	Path string
+	// MaxSize (MiB) rotates the file; MaxBackups older files are kept,
+	// for at most MaxAge days (0: whatever their age).
+	MaxSize, MaxBackups, MaxAge int
+}
+
+// logFileOf validates the logFile keys of a config and applies their
+// defaults.
+func logFileOf(nc NetConf) (LogFile, error) {
+	lf := LogFile{Path: DefaultLogFile, MaxSize: DefaultLogFileMaxSize, MaxBackups: DefaultLogFileMaxBackups, MaxAge: DefaultLogFileMaxAge}
+	for _, p := range []*string{nc.IPAM.LogFile, nc.LogFile} {
+		if p != nil {
+			lf.Path = *p
+			break
+		}
+	}
+	if lf.Path != "" && (!filepath.IsAbs(lf.Path) || strings.HasSuffix(lf.Path, "/") || filepath.Clean(lf.Path) != lf.Path) {
+		return lf, ConfigError("tabby: logFile %q is not a clean absolute path of a file: use one such as %q, or \"\" to log to stderr", lf.Path, DefaultLogFile)
+	}
+	for _, k := range []struct {
+		key string
+		v   *int
+		min int
+		dst *int
+	}{
+		{"logFileMaxSize", nc.LogFileMaxSize, 1, &lf.MaxSize},
+		{"logFileMaxBackups", nc.LogFileMaxBackups, 0, &lf.MaxBackups},
+		{"logFileMaxAge", nc.LogFileMaxAge, 0, &lf.MaxAge},
+	} {
+		if k.v == nil {
+			continue
+		}
+		if *k.v < k.min {
+			return lf, ConfigError("tabby: %s %d is out of range: use a whole number of at least %d (logFileMaxSize in MiB, logFileMaxAge in days)", k.key, *k.v, k.min)
+		}
+		*k.dst = *k.v
+	}
+	return lf, nil
+}
+
+// writer opens the log: the file, rotated by lumberjack (created with
+// its folder, mode 0600), or stderr when the config says "" or the file
+// cannot be written (a CNI command never fails for its log; stderr says
+// why).
+func (lf LogFile) writer() io.Writer {
+	if lf.Path == "" {
+		return os.Stderr
+	}
+	err := os.MkdirAll(filepath.Dir(lf.Path), 0o755)
+	if err == nil {
+		var f *os.File
+		if f, err = os.OpenFile(lf.Path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600); err == nil {
+			err = f.Close()
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tabby: cannot write the logFile %s (%v): logging to stderr; fix its folder's permissions or set logFile\n", lf.Path, err)
+		return os.Stderr
+	}
+	// Each command is a process of its own writing whole lines with
+	// O_APPEND; lumberjack rotates when its size passes MaxSize. Old files
+	// are not compressed: a plugin process may exit before that finishes.
+	return &lumberjack.Logger{Filename: lf.Path, MaxSize: lf.MaxSize, MaxBackups: lf.MaxBackups, MaxAge: lf.MaxAge, LocalTime: true}
+}
+
+// Logger returns the logger the config asks for: the log file (or stderr)
+// at the level set by logLevel, or a logger that discards everything.
 func (c *Config) Logger(plugin string) *slog.Logger {
 	var lvl slog.Level
 	switch c.LogLevel {
@@ -281,7 +376,7 @@ func (c *Config) Logger(plugin string) *slog.Logger {
 	default:
 		lvl = slog.LevelError
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})).With("plugin", plugin, "network", c.Name, "node", c.NodeName)
+	return slog.New(slog.NewTextHandler(c.Log.writer(), &slog.HandlerOptions{Level: lvl})).With("plugin", plugin, "network", c.Name, "node", c.NodeName, "pid", os.Getpid())
 }
 
 func firstNonEmpty(s ...string) string {

@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -160,5 +162,106 @@ func TestLogger(t *testing.T) {
 	l := c.Logger("tabby")
 	if l.Enabled(t.Context(), -4) || !l.Enabled(t.Context(), 4) {
 		t.Error("warn level not honoured")
+	}
+}
+
+// TestLogFileConfig: logFile defaults under /var/log/tabby with rotation
+// limits; the ipam section overrides it; "" means stderr; bad values say
+// what to write instead.
+func TestLogFileConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf string
+		want       LogFile
+		err        string
+	}{
+		{"default", `{"name":"n","nodename":"a","ipam":{"type":"tabby-ipam"}}`,
+			LogFile{Path: "/var/log/tabby/cni.log", MaxSize: 100, MaxBackups: 5, MaxAge: 30}, ""},
+		{"set", `{"name":"n","nodename":"a","logFile":"/var/log/cni/tabby.log","logFileMaxSize":10,"logFileMaxBackups":0,"logFileMaxAge":0,"ipam":{"type":"tabby-ipam"}}`,
+			LogFile{Path: "/var/log/cni/tabby.log", MaxSize: 10}, ""},
+		{"stderr", `{"name":"n","nodename":"a","logFile":"","ipam":{"type":"tabby-ipam"}}`,
+			LogFile{MaxSize: 100, MaxBackups: 5, MaxAge: 30}, ""},
+		{"ipam section wins", `{"name":"n","nodename":"a","logFile":"/top.log","ipam":{"type":"tabby-ipam","logFile":"/inner.log"}}`,
+			LogFile{Path: "/inner.log", MaxSize: 100, MaxBackups: 5, MaxAge: 30}, ""},
+		{"relative", `{"name":"n","nodename":"a","logFile":"cni.log","ipam":{"type":"tabby-ipam"}}`, LogFile{}, `logFile "cni.log" is not a clean absolute path of a file`},
+		{"a folder", `{"name":"n","nodename":"a","logFile":"/var/log/tabby/","ipam":{"type":"tabby-ipam"}}`, LogFile{}, `logFile "/var/log/tabby/" is not a clean absolute path`},
+		{"not clean", `{"name":"n","nodename":"a","logFile":"/var/log/../tmp/x.log","ipam":{"type":"tabby-ipam"}}`, LogFile{}, `is not a clean absolute path`},
+		{"size 0", `{"name":"n","nodename":"a","logFileMaxSize":0,"ipam":{"type":"tabby-ipam"}}`, LogFile{}, "logFileMaxSize 0 is out of range: use a whole number of at least 1"},
+		{"negative backups", `{"name":"n","nodename":"a","logFileMaxBackups":-1,"ipam":{"type":"tabby-ipam"}}`, LogFile{}, "logFileMaxBackups -1 is out of range"},
+		{"not a number", `{"name":"n","nodename":"a","logFileMaxAge":"7d","ipam":{"type":"tabby-ipam"}}`, LogFile{}, "not valid JSON of the expected shape"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := LoadConfig([]byte(tc.conf))
+			if tc.err != "" {
+				var e *types.Error
+				if !errors.As(err, &e) || !strings.Contains(e.Msg, tc.err) {
+					t.Fatalf("error %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Log != tc.want {
+				t.Errorf("log file %+v, want %+v", c.Log, tc.want)
+			}
+		})
+	}
+}
+
+// TestLogFileRotates: commands (each a Logger of its own, as each plugin
+// process is) append to the log file, created 0600 with its folder, and
+// it is rotated past its size, keeping MaxBackups older files.
+func TestLogFileRotates(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "log", "tabby")
+	c := &Config{Name: "n", NodeName: "a", LogLevel: "info", Log: LogFile{Path: filepath.Join(dir, "cni.log"), MaxSize: 1, MaxBackups: 2}}
+	line := strings.Repeat("x", 1000)
+	for cmd := range 40 { // 40 commands of 100 lines of ~1 kB: 4 MB
+		l := c.Logger("tabby")
+		for i := range 100 {
+			l.Info("added", "cmd", cmd, "i", i, "pad", line)
+		}
+	}
+	fi, err := os.Stat(c.Log.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %v, want 0600", c.Log.Path, fi.Mode().Perm())
+	}
+	if fi.Size() > 1<<20 {
+		t.Errorf("%s is %d bytes, past its 1 MiB", c.Log.Path, fi.Size())
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// lumberjack removes backups past MaxBackups after a rotation, in the
+	// background: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); len(ents) != 3 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		ents, _ = os.ReadDir(dir)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if len(names) != 3 {
+		t.Errorf("the log folder holds %v, want cni.log and 2 rotated files", names)
+	}
+	b, _ := os.ReadFile(c.Log.Path)
+	if !strings.Contains(string(b), `cmd=39 i=99`) || !strings.Contains(string(b), "plugin=tabby") {
+		t.Errorf("the last line is not in %s", c.Log.Path)
+	}
+}
+
+// TestLogFileUnwritable: a log file that cannot be written sends the log
+// to stderr; the command goes on.
+func TestLogFileUnwritable(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lf := LogFile{Path: filepath.Join(file, "cni.log"), MaxSize: 1}
+	if w := lf.writer(); w != os.Stderr {
+		t.Errorf("a log file under a regular file: writer %T, want stderr", w)
 	}
 }

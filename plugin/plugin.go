@@ -69,7 +69,10 @@ Config keys (top level, or in "ipam" for tabby-ipam under another plugin):
   kubeconfig   the datastore's kubeconfig (default: in-cluster, then $KUBECONFIG)
   nodename     this node's name (default: the host name)
   mtu          pod MTU; 0 detects it (default-route interface less VXLAN 50 / IPIP 20)
-  logLevel     debug|info|warn|error: log to stderr (default: no logging)
+  logLevel     debug|info|warn|error: log to logFile (default: no logging)
+  logFile      the log (default /var/log/tabby/cni.log, rotated; "" stderr)
+  logFileMaxSize / logFileMaxBackups / logFileMaxAge   rotation: MiB per
+               file (100), files kept (5), days kept (30)
   timeout      bound on datastore work per command (default 30s)
   lockFile     per-node IPAM lock (default /var/run/tabby/ipam-<nodename>.lock)
   agentSocket  tabbyd's CNI agent (default /var/run/tabby/cni.sock; "" never

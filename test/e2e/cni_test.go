@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -765,5 +767,33 @@ func TestCNIVersions(t *testing.T) {
 				t.Errorf("IPAM holds %v after DEL", held)
 			}
 		})
+	}
+}
+
+// TestCNILogFile: with logLevel set, the plugin binaries log to logFile
+// (its folder made, the file 0600), not to stderr.
+func TestCNILogFile(t *testing.T) {
+	n := newNode(t)
+	n.addPool(t, 4, nil)
+	logFile := filepath.Join(n.Dir, "log", "tabby", "cni.log")
+	conf := n.TabbyConf(nil)
+	conf["logLevel"] = "info"
+	conf["logFile"] = logFile
+	list := conflist(t, "1.1.0", conf)
+	pod := newPod(t, n, "logged", nil)
+	n.mustAdd(t, list, pod)
+	if err := n.Del(ctxT(t), list, pod, nil); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %v, want 0600", logFile, fi.Mode().Perm())
+	}
+	b, _ := os.ReadFile(logFile)
+	if !strings.Contains(string(b), "msg=added plugin=tabby") || !strings.Contains(string(b), "container="+pod.ContainerID+" pod=default/logged") {
+		t.Errorf("%s lacks the ADD of %s:\n%s", logFile, pod.ContainerID, b)
 	}
 }
