@@ -32,10 +32,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/cniagent"
+	"github.com/tabbynet/tabby/daemon/cnitoken"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/ipam/gc"
@@ -55,8 +57,18 @@ type Config struct {
 	// agentSocket); "" turns the agent off.
 	CNISocket string
 	// Namespace is where tabbyd runs: BGP passwords are read from its
-	// Secrets (default DefaultNamespace).
+	// Secrets (default DefaultNamespace), and the CNI plugin's service
+	// account lives there.
 	Namespace string
+	// CNIKubeconfig is the CNI plugin's kubeconfig (as tabbyd sees the
+	// host's file): tabbyd mints the plugin's short-lived token and writes
+	// it there before it expires (package cnitoken). "" turns that off.
+	CNIKubeconfig string
+	// CNIServiceAccount (in Namespace) and CNITokenLifetime: whose token
+	// and how long it lives (defaults cnitoken.DefaultServiceAccount and
+	// cnitoken.DefaultLifetime).
+	CNIServiceAccount string
+	CNITokenLifetime  time.Duration
 	// Resync is how often routing reconciles without an event (default
 	// DefaultResync); StartupHold bounds how long a restarted tabbyd keeps
 	// the routes its previous run left while BGP converges (default
@@ -158,6 +170,15 @@ func Run(ctx context.Context, cfg Config) error {
 		<-routingDone
 		closeListeners()
 		return err
+	}
+	if cfg.CNIKubeconfig != "" {
+		if err := startCNIToken(ctx, cfg, rc); err != nil {
+			stop()
+			<-routingDone
+			<-policyDone
+			closeListeners()
+			return err
+		}
 	}
 	var policyReady func() error
 	if policies != nil {
@@ -281,5 +302,31 @@ func startIPAMGC(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore
 			log.Error("the IPAM garbage collector's election stopped", "error", err)
 		}
 	}()
+	return nil
+}
+
+// startCNIToken keeps the CNI plugin's kubeconfig carrying a valid token
+// until ctx ends.
+func startCNIToken(ctx context.Context, cfg Config, rc *rest.Config) error {
+	cs, err := corev1client.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("building the client that mints the CNI plugin's token: %w", err)
+	}
+	ns, sa := cfg.Namespace, cfg.CNIServiceAccount
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	if sa == "" {
+		sa = cnitoken.DefaultServiceAccount
+	}
+	r := &cnitoken.Refresher{
+		Minter: cnitoken.Minter{Client: cs, Namespace: ns, ServiceAccount: sa, Lifetime: cfg.CNITokenLifetime},
+		Path:   cfg.CNIKubeconfig,
+		Log:    cfg.Log.With("component", "cni-token"),
+	}
+	if r.Lifetime != 0 && r.Lifetime < cnitoken.MinLifetime {
+		return fmt.Errorf("--cni-token-lifetime %v is below the API server's minimum of %v", r.Lifetime, cnitoken.MinLifetime)
+	}
+	go r.Run(ctx)
 	return nil
 }

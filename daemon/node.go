@@ -165,14 +165,19 @@ func annotationPatch(have map[string]string, want map[string]string) []byte {
 }
 
 // publish patches the node's annotations to announce info; it reports
-// whether it changed anything. A patch, not an update: the tabby-node
-// role may not update Nodes, and a patch never races the kubelet.
+// whether it changed anything. A patch, not an update: a patch never races
+// the kubelet. Through nodes/status, as calico-node writes its
+// annotations: the tabby-node role may not patch Nodes themselves (their
+// spec: taints, unschedulable), and the API server keeps metadata changes
+// of a status write (only the spec is reset). The admission policy
+// tabby-node-own-node lets it change only its own Node's tabby.io/*
+// annotations there.
 func publish(ctx context.Context, ds *datastore.Client, node *corev1.Node, info routing.NodeInfo) (bool, error) {
 	patch := annotationPatch(node.Annotations, info.Annotations())
 	if patch == nil {
 		return false, nil
 	}
-	if _, err := ds.Nodes.Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	if _, err := ds.Nodes.Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		return false, fmt.Errorf("publishing node %s's routing identity (patching its annotations): %w", node.Name, err)
 	}
 	return true, nil

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
@@ -116,7 +117,7 @@ func newRouter(cfg routerConfig) *router {
 	m := ipam.New(cfg.DS, ipam.WithLogger(cfg.Log))
 	r.vxlan = &tunnel{kind: "vxlan", node: cfg.Node, m: m}
 	r.ipip = &tunnel{kind: "ipip", node: cfg.Node, m: m}
-	r.caches = newCaches(cfg.DS, secretClient(cfg.DS, cfg.Namespace), r.markDirty)
+	r.caches = newCaches(cfg.DS, r.markDirty)
 	r.status = nodestatus.Status{Node: cfg.Node}
 	r.notReady = []string{"the routing caches have not synced with the API server yet"}
 	return r
@@ -300,7 +301,7 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 	}
 	in := bgp.Inputs{Self: selfBGP, Nodes: nodes, Config: snap.config, BGPPeers: snap.peers, Passwords: map[string]string{}}
 	if ref := snap.config.NodeMeshPassword; ref != nil {
-		pw, err := r.secret(ctx, &snap, ref)
+		pw, err := r.secret(ctx, ref)
 		if err != nil {
 			out.problem(true, "the node-to-node mesh password: %v", err)
 		}
@@ -310,7 +311,7 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 		if bp.Spec.Password == nil {
 			continue
 		}
-		pw, err := r.secret(ctx, &snap, bp.Spec.Password)
+		pw, err := r.secret(ctx, bp.Spec.Password)
 		if err != nil {
 			out.problem(true, "the password of BGPPeer %s: %v", bp.Name, err)
 			continue
@@ -568,26 +569,25 @@ func bgpNode(n *corev1.Node, out *outcome) bgp.Node {
 	return bgp.Node{Name: n.Name, Labels: n.Labels, IPv4: ni.IPv4, IPv6: ni.IPv6, AS: as}
 }
 
-// secret reads one key of a Secret: from the cache for tabbyd's own
-// namespace, else from the API server (the tabby-node role reads Secrets
-// of its own namespace only; another needs a Role there).
-func (r *router) secret(ctx context.Context, snap *snapshot, ref *tabbyv1.SecretKeyRef) (string, error) {
+// secret reads one key of a Secret from the API server, by name: the
+// tabby-node service account may read no Secret but those its owner grants
+// by name (a Role with resourceNames in the Secret's namespace), so there
+// is no cache of a namespace's Secrets. It is read at each reconcile that
+// needs it (events and the periodic resync), so a changed password takes
+// effect within DefaultResync.
+func (r *router) secret(ctx context.Context, ref *tabbyv1.SecretKeyRef) (string, error) {
 	ns := ref.Namespace
 	if ns == "" {
 		ns = r.cfg.Namespace
 	}
-	var sec *corev1.Secret
-	if ns == r.cfg.Namespace {
-		sec = snap.secrets[ref.Name]
-		if sec == nil {
-			return "", fmt.Errorf("no Secret %s/%s: create it with the key %s", ns, ref.Name, ref.Key)
-		}
-	} else {
-		var err error
-		sec, err = secretClient(r.cfg.DS, ns).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err != nil {
-			return "", fmt.Errorf("reading Secret %s/%s: %w (tabbyd reads Secrets of %s; for another namespace give the tabby-node service account a Role there)", ns, ref.Name, err, r.cfg.Namespace)
-		}
+	sec, err := secretClient(r.cfg.DS, ns).Get(ctx, ref.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "", fmt.Errorf("no Secret %s/%s: create it with the key %s", ns, ref.Name, ref.Key)
+	case apierrors.IsForbidden(err):
+		return "", fmt.Errorf("reading Secret %s/%s: %w (grant it to tabbyd by name: a Role in %s with resources [secrets], resourceNames [%s], verbs [get], bound to the service account %s/tabby-node)", ns, ref.Name, err, ns, ref.Name, r.cfg.Namespace)
+	case err != nil:
+		return "", fmt.Errorf("reading Secret %s/%s: %w", ns, ref.Name, err)
 	}
 	v, ok := sec.Data[ref.Key]
 	if !ok {

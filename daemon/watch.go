@@ -49,14 +49,14 @@ func nodeChanged(old, new any) bool {
 }
 
 // caches are the informers the routing loop reads: every Node, IPPool,
-// IPAMBlock, BGPConfiguration and BGPPeer, and the Secrets of tabbyd's own
-// namespace (BGP passwords).
+// IPAMBlock, BGPConfiguration and BGPPeer. Not Secrets: tabby-node may
+// read only those granted to it by name (BGP passwords), one at a time.
 type caches struct {
-	ds                                            *datastore.Client
-	nodes, pools, blocks, configs, peers, secrets cache.SharedIndexInformer
+	ds                                   *datastore.Client
+	nodes, pools, blocks, configs, peers cache.SharedIndexInformer
 }
 
-func newCaches(ds *datastore.Client, secrets *SecretClient, onChange func()) *caches {
+func newCaches(ds *datastore.Client, onChange func()) *caches {
 	return &caches{
 		ds:      ds,
 		nodes:   watchAll(&corev1.Node{}, ds.Nodes, onChange, nodeChanged),
@@ -64,14 +64,13 @@ func newCaches(ds *datastore.Client, secrets *SecretClient, onChange func()) *ca
 		blocks:  watchAll(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, onChange, nil),
 		configs: watchAll(&tabbyv1.BGPConfiguration{}, ds.BGPConfigurations, onChange, nil),
 		peers:   watchAll(&tabbyv1.BGPPeer{}, ds.BGPPeers, onChange, nil),
-		secrets: watchAll(&corev1.Secret{}, secrets, onChange, nil),
 	}
 }
 
 // run starts the informers and returns once they have synced, or with
 // ctx's error. They run until ctx ends.
 func (c *caches) run(ctx context.Context) error {
-	all := []cache.SharedIndexInformer{c.nodes, c.pools, c.blocks, c.configs, c.peers, c.secrets}
+	all := []cache.SharedIndexInformer{c.nodes, c.pools, c.blocks, c.configs, c.peers}
 	synced := make([]cache.InformerSynced, 0, len(all))
 	for _, inf := range all {
 		go inf.RunWithContext(ctx)
@@ -115,29 +114,22 @@ func compareNames(a, b any) int {
 
 // snapshot is one consistent-enough read of the caches.
 type snapshot struct {
-	nodes   []corev1.Node
-	pools   []tabbyv1.IPPool
-	blocks  []tabbyv1.IPAMBlock
-	config  tabbyv1.BGPConfigurationSpec
-	peers   []tabbyv1.BGPPeer
-	secrets map[string]*corev1.Secret // by name
+	nodes  []corev1.Node
+	pools  []tabbyv1.IPPool
+	blocks []tabbyv1.IPAMBlock
+	config tabbyv1.BGPConfigurationSpec
+	peers  []tabbyv1.BGPPeer
 }
 
 func (c *caches) snapshot() snapshot {
 	s := snapshot{
-		nodes:   listOf[corev1.Node](c.nodes),
-		pools:   listOf[tabbyv1.IPPool](c.pools),
-		blocks:  listOf[tabbyv1.IPAMBlock](c.blocks),
-		peers:   listOf[tabbyv1.BGPPeer](c.peers),
-		secrets: map[string]*corev1.Secret{},
+		nodes:  listOf[corev1.Node](c.nodes),
+		pools:  listOf[tabbyv1.IPPool](c.pools),
+		blocks: listOf[tabbyv1.IPAMBlock](c.blocks),
+		peers:  listOf[tabbyv1.BGPPeer](c.peers),
 	}
 	if o, ok, _ := c.configs.GetStore().GetByKey(tabbyv1.BGPConfigurationName); ok {
 		s.config = o.(*tabbyv1.BGPConfiguration).Spec
-	}
-	for _, o := range c.secrets.GetStore().List() {
-		if sec, ok := o.(*corev1.Secret); ok {
-			s.secrets[sec.Name] = sec
-		}
 	}
 	return s
 }

@@ -37,7 +37,7 @@ const (
 
 // parts are the sources of tabby.yaml in the order kubectl applies them:
 // the namespace before what lives in it, CRDs before the policies whose
-// params they are, service accounts before the token Secret, the DaemonSet
+// params they are, service accounts before what runs as them, the DaemonSet
 // last. No custom resource: kubectl refuses one in the same apply as its
 // CRD (the CRD is not served yet), so the default IPPool is made by tabbyd
 // from its --default-ipv4-pool-cidr.

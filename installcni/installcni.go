@@ -1,8 +1,10 @@
 // Package installcni installs tabby's CNI plugins on a node, as the
 // DaemonSet's init container (`tabbyctl install-cni`) does on every node:
 // it copies the plugin binaries into the host's CNI bin dir and writes the
-// network config list and a kubeconfig carrying the CNI service account's
-// token into the host's CNI config dir.
+// network config list and a kubeconfig carrying a short-lived token of the
+// CNI service account into the host's CNI config dir: it mints that token
+// with the TokenRequest API as the pod's own service account (tabby-node),
+// and tabbyd replaces it long before it expires (package daemon/cnitoken).
 //
 // The reference plugins the node needs besides tabby's own (loopback, which
 // the container runtime runs for every pod sandbox, and portmap, which the
@@ -25,6 +27,7 @@ package installcni
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
@@ -41,8 +44,11 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/tabbynet/tabby/daemon/cnitoken"
 )
 
 // Defaults of Options.
@@ -52,8 +58,7 @@ const (
 	DefaultConfName       = "10-tabby.conflist"
 	DefaultKubeconfigName = "tabby-kubeconfig"
 	// DefaultTokenFile and DefaultCAFile are where a pod sees its service
-	// account's credentials; the DaemonSet mounts the tabby-cni token
-	// Secret there in the install-cni container.
+	// account's credentials (tabby-node's, in the DaemonSet).
 	DefaultTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 	DefaultCAFile    = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 	// NetworkName is the conflist's "name".
@@ -136,10 +141,18 @@ type Options struct {
 
 	// APIServer is the API server's https URL as the node reaches it.
 	APIServer string
-	// TokenFile holds the CNI service account's token and CAFile the
+	// TokenFile holds this pod's service-account token and CAFile the
 	// cluster's CA bundle (defaults DefaultTokenFile and DefaultCAFile).
 	TokenFile string
 	CAFile    string
+	// CNIServiceAccount, as NAMESPACE/NAME, is the CNI plugin's service
+	// account: the kubeconfig carries a token of it minted with TokenRequest
+	// (the token of TokenFile must be allowed to create its
+	// serviceaccounts/token), of lifetime TokenLifetime (default
+	// cnitoken.DefaultLifetime). Empty: the token of TokenFile is the
+	// plugin's own and goes into the kubeconfig as it is.
+	CNIServiceAccount string
+	TokenLifetime     time.Duration
 }
 
 // Kind says what a file is.
@@ -283,9 +296,12 @@ func Install(opts Options) (*Result, error) {
 		data []byte
 		mode fs.FileMode
 	}{
-		// The kubeconfig holds a credential: only root reads it.
-		{o.KubeconfigName, KindKubeconfig, kubeconfig, 0o600},
-		{o.ConfName, KindConflist, conflist, 0o644},
+		// The kubeconfig holds a credential: only root reads it. So does
+		// the conflist (CIS Kubernetes Benchmark 1.1.9 wants CNI files
+		// 0600 or stricter): the container runtime that reads it and runs
+		// the plugins is root.
+		{o.KubeconfigName, KindKubeconfig, kubeconfig, cnitoken.FileMode},
+		{o.ConfName, KindConflist, conflist, 0o600},
 	} {
 		f, err := installBytes(filepath.Join(o.CNIConfDir, c.name), c.kind, c.data, c.mode)
 		if err != nil {
@@ -415,6 +431,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("mtu %d is out of range: use 0 (detect) or a value such as 1450", o.MTU)
 	case !filepath.IsAbs(o.HostCNIConfDir):
 		return o, fmt.Errorf("the host's CNI config dir %q must be an absolute path", o.HostCNIConfDir)
+	case o.TokenLifetime != 0 && o.TokenLifetime < cnitoken.MinLifetime:
+		return o, fmt.Errorf("CNI token lifetime %v is below the API server's minimum of %v", o.TokenLifetime, cnitoken.MinLifetime)
 	case o.AgentSocket != "" && !filepath.IsAbs(o.AgentSocket):
 		return o, fmt.Errorf("agent socket %q must be an absolute path (the plugin runs from the runtime's working directory)", o.AgentSocket)
 	}
@@ -466,8 +484,9 @@ func (o Options) sources() ([]source, error) {
 	return srcs, nil
 }
 
-// kubeconfig renders the plugin's kubeconfig from the token and CA files,
-// and returns what it read of them.
+// kubeconfig renders the plugin's kubeconfig: this pod's token, or one
+// minted from it for CNIServiceAccount, and the CA file. It returns the
+// token it wrote and the CA bundle.
 func (o Options) kubeconfig() (kubeconfig, token, ca []byte, err error) {
 	if o.APIServer == "" {
 		return nil, nil, nil, errors.New("no API server address: run in a pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are set there) or pass --apiserver https://HOST:PORT")
@@ -478,11 +497,11 @@ func (o Options) kubeconfig() (kubeconfig, token, ca []byte, err error) {
 	}
 	token, err = os.ReadFile(o.TokenFile)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("reading the CNI service account's token: %w (the DaemonSet mounts the Secret tabby-cni-token there; kube-controller-manager fills it in, and the init container is retried until it has)", err)
+		return nil, nil, nil, fmt.Errorf("reading this pod's service-account token: %w (--token-file; in the DaemonSet kubelet mounts tabby-node's there)", err)
 	}
 	token = bytes.TrimSpace(token)
 	if len(token) == 0 {
-		return nil, nil, nil, fmt.Errorf("the token file %s is empty: kube-controller-manager has not filled in the Secret tabby-cni-token yet (the init container is retried)", o.TokenFile)
+		return nil, nil, nil, fmt.Errorf("the token file %s is empty: pass --token-file with a service-account token", o.TokenFile)
 	}
 	ca, err = os.ReadFile(o.CAFile)
 	if err != nil {
@@ -491,18 +510,56 @@ func (o Options) kubeconfig() (kubeconfig, token, ca []byte, err error) {
 	if err := checkCA(ca); err != nil {
 		return nil, nil, nil, fmt.Errorf("the CA bundle %s: %w", o.CAFile, err)
 	}
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kubernetes"] = &clientcmdapi.Cluster{Server: o.APIServer, CertificateAuthorityData: ca}
-	cfg.AuthInfos["tabby-cni"] = &clientcmdapi.AuthInfo{Token: string(token)}
-	cfg.Contexts["tabby-cni"] = &clientcmdapi.Context{Cluster: "kubernetes", AuthInfo: "tabby-cni"}
-	cfg.CurrentContext = "tabby-cni"
-	data, err := clientcmd.Write(*cfg)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("rendering the kubeconfig: %w", err)
+	if o.CNIServiceAccount != "" {
+		if token, err = o.mintCNIToken(token, ca); err != nil {
+			return nil, nil, nil, err
+		}
 	}
-	header := "# Written by tabbyctl install-cni for the tabby CNI plugin (service account\n" +
-		"# tabby-system/tabby-cni); rewritten when tabby-node's pod starts.\n"
-	return append([]byte(header), data...), token, ca, nil
+	data, err := cnitoken.Kubeconfig(o.APIServer, ca, string(token))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return data, token, ca, nil
+}
+
+// mintCNIToken mints a token of CNIServiceAccount as the holder of
+// podToken, trying again while the API server does not answer (for up to
+// APITimeout): the first pod start on a node may come before the API
+// server is reachable from it.
+func (o Options) mintCNIToken(podToken, ca []byte) ([]byte, error) {
+	ns, name, ok := strings.Cut(o.CNIServiceAccount, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return nil, fmt.Errorf("CNI service account %q: give it as NAMESPACE/NAME, such as tabby-system/tabby-cni", o.CNIServiceAccount)
+	}
+	cs, err := corev1client.NewForConfig(&rest.Config{
+		Host:            o.APIServer,
+		BearerToken:     string(podToken),
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca},
+		Timeout:         min(apiTry, o.APITimeout),
+		UserAgent:       "tabby-install-cni",
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.APITimeout)
+	defer cancel()
+	m := cnitoken.Minter{Client: cs, Namespace: ns, ServiceAccount: name, Lifetime: o.TokenLifetime}
+	for {
+		t, err := m.Mint(ctx)
+		var status apierrors.APIStatus
+		switch {
+		case err == nil:
+			return []byte(t.Value), nil
+		case ctx.Err() != nil, errors.As(err, &status) && status.Status().Code < 500:
+			// The API server's answer (forbidden, no such account) stands.
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (no answer within %v)", err, o.APITimeout)
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func checkCA(data []byte) error {

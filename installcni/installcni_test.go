@@ -164,7 +164,7 @@ func TestFreshInstall(t *testing.T) {
 		filepath.Join(e.binDir, "loopback"):   0o755,
 		filepath.Join(e.binDir, "portmap"):    0o755,
 		e.kubeconfigF:                         0o600,
-		e.conflist:                            0o644,
+		e.conflist:                            0o600,
 	}
 	if len(res.Files) != len(want) || len(res.Changed()) != len(want) {
 		t.Fatalf("files %v, changed %v; want %d installed", res.Files, changedPaths(res), len(want))
@@ -330,7 +330,7 @@ func TestChangedBinaryOrModeRewritesOnlyThatFile(t *testing.T) {
 		t.Errorf("tabby-ipam was not updated: %q", b)
 	}
 
-	// Someone made the conflist world-writable: the mode is put back.
+	// Someone made the conflist world-readable (CIS wants 0600): the mode is put back.
 	if err := os.Chmod(e.conflist, 0o666); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestChangedBinaryOrModeRewritesOnlyThatFile(t *testing.T) {
 	if got := changedPaths(res); len(got) != 1 || got[0] != e.conflist || !strings.Contains(res.Changed()[0].String(), "mode fixed") {
 		t.Fatalf("changed %v (%v), want only the conflist's mode", got, res.Changed())
 	}
-	if st, _ := os.Stat(e.conflist); st.Mode().Perm() != 0o644 {
+	if st, _ := os.Stat(e.conflist); st.Mode().Perm() != 0o600 {
 		t.Errorf("conflist mode %v", st.Mode().Perm())
 	}
 
@@ -446,7 +446,7 @@ func TestBadInputsWriteNothing(t *testing.T) {
 		{"bad mtu", func(e *env, o *Options) { o.MTU = -1 }, "mtu -1"},
 		{"bad log level", func(e *env, o *Options) { o.CNILogLevel = "loud" }, "log level"},
 		{"bad conf name", func(e *env, o *Options) { o.ConfName = "10-tabby.conf" }, ".conflist"},
-		{"no token", func(e *env, o *Options) { os.Remove(o.TokenFile) }, "tabby-cni-token"},
+		{"no token", func(e *env, o *Options) { os.Remove(o.TokenFile) }, "service-account token"},
 		{"empty token", func(e *env, o *Options) { e.write(o.TokenFile, []byte("\n"), 0o400) }, "is empty"},
 		{"bad CA", func(e *env, o *Options) { e.write(o.CAFile, []byte("not a cert"), 0o400) }, "no PEM certificate"},
 		{"no apiserver", func(e *env, o *Options) { o.APIServer = "" }, "KUBERNETES_SERVICE_HOST"},

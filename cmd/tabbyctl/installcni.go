@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tabbynet/tabby/daemon/cnitoken"
 	"github.com/tabbynet/tabby/installcni"
 )
 
@@ -23,9 +24,12 @@ func newInstallCNICommand() *cobra.Command {
 		Use:   "install-cni",
 		Short: "install tabby's CNI plugins, conflist and kubeconfig on this node (the DaemonSet's init container)",
 		Long: `install-cni copies the tabby and tabby-ipam binaries into the host's CNI bin
-dir and writes the network config list and a kubeconfig carrying the CNI
-service account's token into the host's CNI config dir. Each file is
-replaced atomically and only when its content changed; it prints what it did.
+dir and writes the network config list and a kubeconfig into the host's
+CNI config dir, both mode 0600. The kubeconfig carries a short-lived token
+of the CNI plugin's service account (--cni-service-account), minted with the
+TokenRequest API as this pod's own service account (tabby-node); tabbyd
+--cni-kubeconfig replaces it long before it expires. Each file is replaced
+atomically and only when its content changed; it prints what it did.
 
 The reference plugins the node needs (--reference-plugins: loopback, which
 the container runtime runs for every pod, and portmap, which the conflist
@@ -39,8 +43,8 @@ status.nodeInfo.containerRuntimeVersion (containerd 1.6 and 1.7 speak CNI
 up to 1.0.0, containerd 2 up to 1.1.0), else it is taken to be 1.0.0.
 
 In the tabby-node DaemonSet the host's /opt/cni/bin and /etc/cni/net.d are
-mounted under /host, the tabby-cni token Secret is mounted where a pod's
-service account credentials are, and NODE_NAME, KUBERNETES_SERVICE_HOST,
+mounted under /host, kubelet mounts tabby-node's token where a pod's
+service-account credentials are, and NODE_NAME, KUBERNETES_SERVICE_HOST,
 KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -102,7 +106,10 @@ KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 	f.StringVar(&o.CNILogLevel, "cni-log-level", "", "the plugin's logLevel in the conflist: debug, info, warn, error (default: silent)")
 	f.StringVar(&o.AgentSocket, "agent-socket", "", "the plugin's agentSocket in the conflist: where tabbyd serves IPAM (default: the plugin's, /var/run/tabby/cni.sock)")
 	f.StringVar(&o.APIServer, "apiserver", "", "the API server's URL as the node reaches it (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
-	f.StringVar(&o.TokenFile, "token-file", installcni.DefaultTokenFile, "the CNI service account's token")
+	f.StringVar(&o.TokenFile, "token-file", installcni.DefaultTokenFile, "this pod's service-account token, which mints the CNI plugin's (or, with --cni-service-account=\"\", is the plugin's own)")
+	f.StringVar(&o.CNIServiceAccount, "cni-service-account", cnitoken.DefaultNamespace+"/"+cnitoken.DefaultServiceAccount,
+		"NAMESPACE/NAME of the CNI plugin's service account, whose short-lived token the kubeconfig carries; \"\": put the --token-file token in the kubeconfig as it is")
+	f.DurationVar(&o.TokenLifetime, "cni-token-lifetime", cnitoken.DefaultLifetime, "lifetime of the CNI plugin's token (at least 10m; tabbyd --cni-token-lifetime decides the ones after the first)")
 	f.StringVar(&o.CAFile, "ca-file", installcni.DefaultCAFile, "the cluster's CA bundle")
 	return cmd
 }

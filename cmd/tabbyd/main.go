@@ -19,6 +19,7 @@ import (
 
 	"github.com/tabbynet/tabby/daemon"
 	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/daemon/cnitoken"
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/internal/buildinfo"
 	"github.com/tabbynet/tabby/internal/iptbackend"
@@ -90,7 +91,10 @@ func main() {
 	f.StringVar(&cfg.HealthListen, "health-listen", daemon.DefaultHealthListen, "address serving /healthz, /readyz, /status and /metrics, unauthenticated: keep it on the loopback (the DaemonSet's probes and tabbyctl node status ask 127.0.0.1:9099)")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", daemon.DefaultMetricsListen, "address serving /metrics alone, unauthenticated, for Prometheus to scrape from elsewhere (e.g. :9091); \"\" serves it only on --health-listen")
 	f.StringVar(&cfg.CNISocket, "cni-socket", agentapi.DefaultSocket, "unix socket serving the CNI plugins' IPAM (the CNI config's agentSocket); \"\" turns it off")
-	f.StringVar(&cfg.Namespace, "namespace", daemon.DefaultNamespace, "the namespace tabbyd runs in: BGP passwords are read from its Secrets")
+	f.StringVar(&cfg.Namespace, "namespace", daemon.DefaultNamespace, "the namespace tabbyd runs in: BGP passwords are read from its Secrets, and the CNI plugin's service account is there")
+	f.StringVar(&cfg.CNIKubeconfig, "cni-kubeconfig", "", "the CNI plugin's kubeconfig (the host's file as mounted here): tabbyd mints the plugin's short-lived token and writes it there well before it expires; \"\" turns that off")
+	f.StringVar(&cfg.CNIServiceAccount, "cni-service-account", cnitoken.DefaultServiceAccount, "the CNI plugin's service account (in --namespace) whose token goes into --cni-kubeconfig")
+	f.DurationVar(&cfg.CNITokenLifetime, "cni-token-lifetime", cnitoken.DefaultLifetime, "lifetime of the CNI plugin's token (at least 10m); it is replaced once a quarter of it has passed, so the plugin keeps working this long times 3/4 while tabbyd is down")
 	f.DurationVar(&cfg.Resync, "resync", daemon.DefaultResync, "how often routes and BGP sessions are reconciled without a change")
 	f.DurationVar(&cfg.StartupHold, "startup-hold", daemon.DefaultStartupHold, "after a restart, how long the previous run's routes are kept at most while BGP converges")
 	f.BoolVar(&cfg.IPAMGC, "ipam-gc", true, "take part in electing the cluster's one IPAM garbage collector (a Lease in --namespace) and run it while elected")

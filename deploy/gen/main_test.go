@@ -59,7 +59,8 @@ func TestManifestObjects(t *testing.T) {
 		"Namespace//tabby-system", "CustomResourceDefinition//ippools.tabby.io",
 		"ValidatingAdmissionPolicy//tabby-ippool-no-overlap",
 		"ServiceAccount/tabby-system/tabby-cni", "ServiceAccount/tabby-system/tabby-node",
-		"Secret/tabby-system/tabby-cni-token", "DaemonSet/tabby-system/tabby-node",
+		"ValidatingAdmissionPolicy//tabby-node-own-node", "ValidatingAdmissionPolicy//tabby-node-own-leases",
+		"DaemonSet/tabby-system/tabby-node",
 	} {
 		if !seen[id] {
 			t.Errorf("tabby.yaml lacks %s", id)
@@ -76,7 +77,7 @@ func TestManifestObjects(t *testing.T) {
 	}
 	for _, dep := range [][2]string{
 		{"Namespace", "ServiceAccount"}, {"CustomResourceDefinition", "ValidatingAdmissionPolicy"},
-		{"ServiceAccount", "Secret"}, {"ClusterRoleBinding", "DaemonSet"},
+		{"ServiceAccount", "DaemonSet"}, {"ClusterRoleBinding", "DaemonSet"}, {"ValidatingAdmissionPolicy", "DaemonSet"},
 	} {
 		if first(dep[0]) > first(dep[1]) {
 			t.Errorf("%s comes after %s", dep[0], dep[1])
