@@ -8,7 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/daemon/cnitoken"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/installcni"
 	"github.com/tabbynet/tabby/ipam"
@@ -194,8 +195,8 @@ func clientset(t *testing.T) *kubernetes.Clientset {
 
 // TestDaemonSetPodAdmitted: a pod made from the DaemonSet's template, as
 // the DaemonSet controller would make it, passes admission (Pod Security,
-// priority class, service accounts) in a dry run, and the install-cni
-// container carries the tabby-cni token where its service account's would be.
+// priority class, service accounts) in a dry run; both containers carry
+// tabby-node's own (kubelet-projected) token, and no Secret is mounted.
 func TestDaemonSetPodAdmitted(t *testing.T) {
 	ensureApplied(t)
 	cs := clientset(t)
@@ -223,11 +224,23 @@ func TestDaemonSetPodAdmitted(t *testing.T) {
 		}
 		return names
 	}
-	if v := volumeAt(got.Spec.InitContainers[0]); len(v) != 1 || v[0] != "tabby-cni-token" {
-		t.Errorf("install-cni has %v at %s, want only the tabby-cni-token Secret", v, saPath)
+	for _, c := range append(got.Spec.InitContainers, got.Spec.Containers...) {
+		if v := volumeAt(c); len(v) != 1 || !strings.HasPrefix(v[0], "kube-api-access-") {
+			t.Errorf("%s has %v at %s, want its own service account's token", c.Name, v, saPath)
+		}
 	}
-	if v := volumeAt(got.Spec.Containers[0]); len(v) != 1 || !strings.HasPrefix(v[0], "kube-api-access-") {
-		t.Errorf("tabbyd has %v at %s, want its own service account's token", v, saPath)
+	for _, v := range got.Spec.Volumes {
+		if v.Secret != nil {
+			t.Errorf("volume %s mounts the Secret %s: no Secret belongs in tabby-node", v.Name, v.Secret.SecretName)
+		}
+	}
+	// tabbyd rewrites the CNI plugin's kubeconfig where install-cni wrote it.
+	tabbyd := got.Spec.Containers[0]
+	if !slices.Contains(tabbyd.Args, "--cni-kubeconfig=/host/etc/cni/net.d/tabby-kubeconfig") ||
+		!slices.ContainsFunc(tabbyd.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == "cni-net-dir" && m.MountPath == "/host/etc/cni/net.d" && !m.ReadOnly
+		}) {
+		t.Errorf("tabbyd does not refresh the CNI kubeconfig in the host's /etc/cni/net.d: args %v, mounts %v", tabbyd.Args, tabbyd.VolumeMounts)
 	}
 }
 
@@ -266,22 +279,27 @@ func TestRBACLeastPrivilege(t *testing.T) {
 		"create ippools.tabby.io", "update ippools.tabby.io", "delete ippools.tabby.io", "update ipamconfigurations.tabby.io",
 		"get bgppeers.tabby.io", "get bgpconfigurations.tabby.io", "list networkpolicies.networking.k8s.io",
 		"create customresourcedefinitions.apiextensions.k8s.io", "create clusterrolebindings.rbac.authorization.k8s.io")
-	// tabbyd: watches what it reads, patches nodes, BGP secrets and leases
-	// in its own namespace only.
-	add(nodeUser, true, "", "watch nodes", "list nodes", "patch nodes", "patch nodes/status",
+	// tabbyd: watches what it reads, writes Nodes only through nodes/status
+	// (the policy tabby-node-own-node narrows that to its own node: see
+	// TestNodeWritesOnlyItsOwnNode), Leases in its own namespace, tokens of
+	// tabby-cni only, and no Secret at all.
+	add(nodeUser, true, "", "watch nodes", "list nodes", "patch nodes/status",
 		"watch pods", "watch namespaces", "watch networkpolicies.networking.k8s.io",
 		"watch ippools.tabby.io", "watch ipamconfigurations.tabby.io", "watch bgpconfigurations.tabby.io", "watch bgppeers.tabby.io",
 		// The default pool, when the cluster has none.
 		"create ippools.tabby.io")
 	add(nodeUser, true, "default", "create events", "create events.events.k8s.io")
-	add(nodeUser, true, namespace, "get secrets", "watch secrets",
-		"get leases.coordination.k8s.io", "create leases.coordination.k8s.io", "update leases.coordination.k8s.io")
-	add(nodeUser, false, "", "update nodes", "create nodes", "delete nodes", "update nodes/status",
+	add(nodeUser, true, namespace, "get leases.coordination.k8s.io", "create leases.coordination.k8s.io", "update leases.coordination.k8s.io",
+		"create serviceaccounts/token#tabby-cni")
+	add(nodeUser, false, namespace, "get secrets", "list secrets", "watch secrets", "get secrets#tabby-cni-token",
+		"create serviceaccounts/token#tabby-node", "create serviceaccounts/token#default", "create serviceaccounts/token")
+	add(nodeUser, false, "", "patch nodes", "update nodes", "create nodes", "delete nodes", "update nodes/status",
 		"update ippools.tabby.io", "delete ippools.tabby.io",
 		"update bgppeers.tabby.io", "create bgpconfigurations.tabby.io", "update ipamconfigurations.tabby.io")
 	add(nodeUser, false, "default", "get secrets", "delete pods", "create pods", "patch pods", "create networkpolicies.networking.k8s.io", "delete events")
 	add(nodeUser, false, "kube-system", "get secrets", "list secrets", "create leases.coordination.k8s.io")
-	add(nodeUser, false, namespace, "create secrets", "update secrets", "delete leases.coordination.k8s.io", "create serviceaccounts/token")
+	add(nodeUser, false, namespace, "create secrets", "update secrets", "delete leases.coordination.k8s.io")
+	add(cniUser, false, namespace, "create serviceaccounts/token#tabby-cni", "create serviceaccounts/token#tabby-node")
 
 	start := time.Now()
 	sem := make(chan struct{}, 4)
@@ -295,13 +313,19 @@ func TestRBACLeastPrivilege(t *testing.T) {
 				t.Parallel()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				args := []string{"auth", "can-i", c.verb, c.resource, "--as", c.user}
-				if resource, sub, ok := strings.Cut(c.resource, "/"); ok {
-					args = []string{"auth", "can-i", c.verb, resource, "--subresource", sub, "--as", c.user}
+				// RESOURCE[/SUBRESOURCE][#NAME]
+				resource, name, _ := strings.Cut(c.resource, "#")
+				resource, sub, _ := strings.Cut(resource, "/")
+				if name != "" {
+					resource += "/" + name
+				}
+				args := []string{"auth", "can-i", c.verb, resource, "--as", c.user}
+				if sub != "" {
+					args = append(args, "--subresource", sub)
 				}
 				if c.ns != "" {
 					args = append(args, "-n", c.ns)
-				} else if c.resource == "pods" || c.resource == "networkpolicies.networking.k8s.io" {
+				} else if resource == "pods" || c.resource == "networkpolicies.networking.k8s.io" {
 					args = append(args, "--all-namespaces")
 				}
 				out, errOut, err := kubectl(t, adminKubeconfig, nil, args...)
@@ -318,9 +342,11 @@ func TestRBACLeastPrivilege(t *testing.T) {
 	t.Logf("%d can-i checks in %v", len(checks), time.Since(start).Round(time.Millisecond))
 }
 
-// TestCNICredentialsDoIPAM: with kube-controller-manager filling in the
-// tabby-cni token Secret, install-cni writes a kubeconfig from it that lets
-// tabby's IPAM give a pod an address and free it — and no more.
+// TestCNICredentialsDoIPAM: install-cni, running as tabby-node with the
+// token kubelet would mount (bound to a pod on the node), mints a
+// short-lived tabby-cni token and writes a kubeconfig (0600, as the
+// conflist) that lets tabby's IPAM give a pod an address and free it — and
+// no more; tabbyd's refresher, as tabby-node, replaces the token.
 func TestCNICredentialsDoIPAM(t *testing.T) {
 	ensureApplied(t)
 	c := clustertest.Cluster()
@@ -328,43 +354,10 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	kcm := startTokenController(t, c)
-	var secret *corev1.Secret
-	for {
-		s, err := cs.CoreV1().Secrets(namespace).Get(ctx, "tabby-cni-token", metav1.GetOptions{})
-		if err == nil && len(s.Data["token"]) > 0 && len(s.Data["ca.crt"]) > 0 {
-			secret = s
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("kube-controller-manager did not fill in the Secret tabby-cni-token (last: %v); its log is %s (%s=1 keeps it)", err, kcm.LogPath, clustertest.EnvKeep)
-		case <-kcm.Done():
-			_, exit := kcm.Exited()
-			t.Fatalf("kube-controller-manager exited (%v); its log is %s (%s=1 keeps it)", exit, kcm.LogPath, clustertest.EnvKeep)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
-
-	// The Secret's files, as the DaemonSet mounts them into install-cni.
 	dir := t.TempDir()
 	sa := filepath.Join(dir, "serviceaccount")
 	if err := os.Mkdir(sa, 0o755); err != nil {
 		t.Fatal(err)
-	}
-	for k, v := range secret.Data {
-		if err := os.WriteFile(filepath.Join(sa, k), v, 0o400); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "image")
-	if err := os.Mkdir(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range installcni.DefaultPlugins {
-		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/sh\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
 	}
 	// The node as kubelet registers it, running Debian's containerd: the
 	// conflist must not be newer than its CNI 1.0.0.
@@ -380,11 +373,29 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// What kubelet mounts into the tabby-node pod's install-cni container.
+	nodeToken := tabbyNodeToken(t, cs, "cni-node")
+	if err := os.WriteFile(filepath.Join(sa, "token"), []byte(nodeToken), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sa, "ca.crt"), c.CAData(), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "image")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range installcni.DefaultPlugins {
+		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	host := filepath.Join(dir, "host")
 	res, err := installcni.Install(installcni.Options{
 		BinSource: bin, HostRoot: host, NodeName: "cni-node", APIServer: c.Server,
 		TokenFile: filepath.Join(sa, "token"), CAFile: filepath.Join(sa, "ca.crt"),
+		CNIServiceAccount: "tabby-system/tabby-cni", TokenLifetime: time.Hour,
 		ReferencePlugins: []string{}, // the node's business here (no loopback in this image)
 	})
 	if err != nil {
@@ -399,17 +410,28 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 			t.Errorf("warning: %s", w)
 		}
 	}
+	kubeconfig := filepath.Join(host, "etc/cni/net.d/tabby-kubeconfig")
+	for _, f := range []string{kubeconfig, filepath.Join(host, "etc/cni/net.d", installcni.DefaultConfName)} {
+		if st, err := os.Stat(f); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v, mode %v, want 0600 (CIS)", f, err, st.Mode().Perm())
+		}
+	}
+	ds, token := cniClient(t, ctx, kubeconfig, time.Hour)
+	if token == nodeToken {
+		t.Fatal("the CNI kubeconfig carries tabby-node's own token")
+	}
 
-	rc, err := datastore.LoadConfig(filepath.Join(host, "etc/cni/net.d/tabby-kubeconfig"))
-	if err != nil {
-		t.Fatal(err)
+	// tabbyd's refresher, as tabby-node, replaces it with a new one.
+	r := &cnitoken.Refresher{
+		Minter: cnitoken.Minter{Client: tokenClient(t, nodeToken).CoreV1(), Namespace: namespace, ServiceAccount: "tabby-cni", Lifetime: cnitoken.DefaultLifetime},
+		Path:   kubeconfig,
 	}
-	ds, err := datastore.New(rc)
-	if err != nil {
-		t.Fatal(err)
+	if _, err := r.Refresh(ctx); err != nil {
+		t.Fatalf("tabbyd's refresh as tabby-node: %v", err)
 	}
-	if err := ds.Ping(ctx); err != nil {
-		t.Fatalf("the CNI's kubeconfig cannot reach the API server: %v", err)
+	ds, again := cniClient(t, ctx, kubeconfig, cnitoken.DefaultLifetime)
+	if again == token {
+		t.Error("the refresh left the old token in the kubeconfig")
 	}
 
 	// What kubelet would have made: the pod being wired.
@@ -462,30 +484,6 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("tabby-cni listing secrets: %v, want Forbidden", err)
 	}
-}
-
-// startTokenController runs kube-controller-manager with only the
-// service-account token controller, which fills in token Secrets.
-func startTokenController(t *testing.T, c *cluster.Cluster) *cluster.Process {
-	t.Helper()
-	port, err := cluster.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc := filepath.Join(c.Dir, "token-controller.kubeconfig")
-	if err := c.WriteKubeconfig(kc, ""); err != nil {
-		t.Fatal(err)
-	}
-	p, err := c.StartProcess("kube-controller-manager",
-		"--kubeconfig", kc, "--bind-address", "127.0.0.1", "--secure-port", strconv.Itoa(port),
-		"--leader-elect=false", "--use-service-account-credentials=false",
-		"--service-account-private-key-file", c.ServiceAccountKeyFile, "--root-ca-file", c.CAFile,
-		"--controllers", "serviceaccount-token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Stop(5 * time.Second) })
-	return p
 }
 
 // TestFreshClusterInstall follows the README on a control plane that has
