@@ -195,6 +195,8 @@ type Refresher struct {
 	// Refreshed, when set, is called with each token written (metrics,
 	// tests).
 	Refreshed func(Token)
+	// after waits (nil: time.After); tests make it return at once.
+	after func(time.Duration) <-chan time.Time
 }
 
 // Refresh mints a token and writes it into the kubeconfig once.
@@ -251,10 +253,14 @@ func (r *Refresher) Run(ctx context.Context) {
 			wait = time.Until(NextRefresh(t))
 			log.Info("wrote a new CNI plugin token", "kubeconfig", r.Path, "expires", t.Expires.UTC().Format(time.RFC3339), "next-refresh-in", wait.Round(time.Second))
 		}
+		after := r.after
+		if after == nil {
+			after = time.After
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(wait):
+		case <-after(wait):
 		}
 	}
 }
