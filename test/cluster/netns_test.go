@@ -14,10 +14,12 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/tabbynet/tabby/test/cluster"
 	"github.com/tabbynet/tabby/test/cluster/clustertest"
@@ -71,7 +73,8 @@ func netnsIno(t *testing.T, path string) uint64 {
 // a non-loopback address, as the lab does: the processes run there and
 // lead sessions of their own, the cluster's clients reach it from the
 // host's namespace, the scheduler binds a pod, the controller-manager makes
-// ServiceAccounts and fills in token Secrets, and Stop ends it all.
+// ServiceAccounts, the API server mints tabby-cni tokens, and Stop ends it
+// all.
 func TestControlPlaneInNetNS(t *testing.T) {
 	first := clustertest.Cluster()
 	nsPath := netnsWithAddress(t, "10.123.0.2/24")
@@ -128,14 +131,16 @@ func TestControlPlaneInNetNS(t *testing.T) {
 		t.Errorf("applying again: %v", err)
 	}
 
-	// kube-controller-manager fills in the token Secret of tabby-cni.
-	waitFor(t, 30*time.Second, "the tabby-cni token", func() error {
-		s, err := cs.CoreV1().Secrets("tabby-system").Get(ctx, "tabby-cni-token", metav1.GetOptions{})
+	// The API server mints tokens of tabby-cni (as tabby-node does for the
+	// CNI plugin's kubeconfig).
+	waitFor(t, 30*time.Second, "a tabby-cni token", func() error {
+		tr, err := cs.CoreV1().ServiceAccounts("tabby-system").CreateToken(ctx, "tabby-cni",
+			&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(600))}}, metav1.CreateOptions{})
 		if err != nil {
 			return err
 		}
-		if len(s.Data["token"]) == 0 {
-			return errors.New("no token yet")
+		if tr.Status.Token == "" {
+			return errors.New("an empty token")
 		}
 		return nil
 	})
