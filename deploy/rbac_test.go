@@ -261,3 +261,51 @@ func TestNodeWritesOnlyItsOwnNode(t *testing.T) {
 		t.Errorf("tabby-node minting a tabby-node token: %v, want Forbidden", err)
 	}
 }
+
+// TestBGPPasswordGrant: the README's two commands let tabby-node read the
+// one Secret they name, and no other.
+func TestBGPPasswordGrant(t *testing.T) {
+	ensureApplied(t)
+	admin := clientset(t)
+	ctx := context.Background()
+	for _, name := range []string{"bgp-passwords", "other-secret"} {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, StringData: map[string]string{"peer": "pw"}}
+		if _, err := admin.CoreV1().Secrets(namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = admin.CoreV1().Secrets(namespace).Delete(context.Background(), name, metav1.DeleteOptions{})
+		})
+	}
+	x := tokenClient(t, tabbyNodeToken(t, admin, "pw-node"))
+	if _, err := x.CoreV1().Secrets(namespace).Get(ctx, "bgp-passwords", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("before the grant: %v, want Forbidden", err)
+	}
+	// As in the README ("BGP passwords").
+	mustKubectl(t, adminKubeconfig, nil, "-n", namespace, "create", "role", "tabby-bgp-passwords", "--verb=get", "--resource=secrets", "--resource-name=bgp-passwords")
+	mustKubectl(t, adminKubeconfig, nil, "-n", namespace, "create", "rolebinding", "tabby-bgp-passwords", "--role=tabby-bgp-passwords", "--serviceaccount=tabby-system:tabby-node")
+	t.Cleanup(func() {
+		_ = admin.RbacV1().RoleBindings(namespace).Delete(context.Background(), "tabby-bgp-passwords", metav1.DeleteOptions{})
+		_ = admin.RbacV1().Roles(namespace).Delete(context.Background(), "tabby-bgp-passwords", metav1.DeleteOptions{})
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s, err := x.CoreV1().Secrets(namespace).Get(ctx, "bgp-passwords", metav1.GetOptions{})
+		if err == nil {
+			if string(s.Data["peer"]) != "pw" {
+				t.Errorf("read %q", s.Data["peer"])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the grant: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, err := x.CoreV1().Secrets(namespace).Get(ctx, "other-secret", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("another Secret after the grant: %v, want Forbidden", err)
+	}
+	if _, err := x.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("listing Secrets after the grant: %v, want Forbidden", err)
+	}
+}
