@@ -59,6 +59,7 @@ type (
 	IPAMConfigurationClient = gentype.ClientWithList[*tabbyv1.IPAMConfiguration, *tabbyv1.IPAMConfigurationList]
 	BGPConfigurationClient  = gentype.ClientWithList[*tabbyv1.BGPConfiguration, *tabbyv1.BGPConfigurationList]
 	BGPPeerClient           = gentype.ClientWithList[*tabbyv1.BGPPeer, *tabbyv1.BGPPeerList]
+	BGPFilterClient         = gentype.ClientWithList[*tabbyv1.BGPFilter, *tabbyv1.BGPFilterList]
 	PodClient               = gentype.ClientWithList[*corev1.Pod, *corev1.PodList]
 	NamespaceClient         = gentype.ClientWithList[*corev1.Namespace, *corev1.NamespaceList]
 	NodeClient              = gentype.ClientWithList[*corev1.Node, *corev1.NodeList]
@@ -73,6 +74,7 @@ type Client struct {
 	IPAMConfigurations *IPAMConfigurationClient
 	BGPConfigurations  *BGPConfigurationClient
 	BGPPeers           *BGPPeerClient
+	BGPFilters         *BGPFilterClient
 	Namespaces         *NamespaceClient
 	Nodes              *NodeClient
 
@@ -175,6 +177,8 @@ func newClient(tabbyREST, coreREST rest.Interface, host string) *Client {
 			func() *tabbyv1.BGPConfiguration { return &tabbyv1.BGPConfiguration{} }, func() *tabbyv1.BGPConfigurationList { return &tabbyv1.BGPConfigurationList{} }),
 		BGPPeers: gentype.NewClientWithList[*tabbyv1.BGPPeer, *tabbyv1.BGPPeerList]("bgppeers", tabbyREST, pc, "",
 			func() *tabbyv1.BGPPeer { return &tabbyv1.BGPPeer{} }, func() *tabbyv1.BGPPeerList { return &tabbyv1.BGPPeerList{} }),
+		BGPFilters: gentype.NewClientWithList[*tabbyv1.BGPFilter, *tabbyv1.BGPFilterList]("bgpfilters", tabbyREST, pc, "",
+			func() *tabbyv1.BGPFilter { return &tabbyv1.BGPFilter{} }, func() *tabbyv1.BGPFilterList { return &tabbyv1.BGPFilterList{} }),
 		Namespaces: gentype.NewClientWithList[*corev1.Namespace, *corev1.NamespaceList]("namespaces", coreREST, pc, "",
 			func() *corev1.Namespace { return &corev1.Namespace{} }, func() *corev1.NamespaceList { return &corev1.NamespaceList{} }),
 		Nodes: gentype.NewClientWithList[*corev1.Node, *corev1.NodeList]("nodes", coreREST, pc, "",

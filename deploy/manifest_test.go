@@ -285,7 +285,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 	// tabby-cni only, and no Secret at all.
 	add(nodeUser, true, "", "watch nodes", "list nodes", "patch nodes/status",
 		"watch pods", "watch namespaces", "watch networkpolicies.networking.k8s.io",
-		"watch ippools.tabby.io", "watch ipamconfigurations.tabby.io", "watch bgpconfigurations.tabby.io", "watch bgppeers.tabby.io",
+		"watch ippools.tabby.io", "watch ipamconfigurations.tabby.io", "watch bgpconfigurations.tabby.io", "watch bgppeers.tabby.io", "watch bgpfilters.tabby.io",
 		// The default pool, when the cluster has none.
 		"create ippools.tabby.io")
 	add(nodeUser, true, "default", "create events", "create events.events.k8s.io")

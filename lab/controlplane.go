@@ -187,7 +187,7 @@ func routePodsFromControlPlane(s *State, nsName string) error {
 // waitTabbyAPI waits until the API server serves every kind of tabby.io/v1
 // that deploy/tabby.yaml defines (the extender lists them at start).
 func waitTabbyAPI(ctx context.Context, cs kubernetes.Interface) error {
-	want := []string{"ippools", "ipamblocks", "blockaffinities", "ipamhandles", "ipamconfigurations", "bgpconfigurations", "bgppeers"}
+	want := []string{"ippools", "ipamblocks", "blockaffinities", "ipamhandles", "ipamconfigurations", "bgpconfigurations", "bgppeers", "bgpfilters"}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return poll(wctx, 100*time.Millisecond, func() error {

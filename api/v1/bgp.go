@@ -70,6 +70,14 @@ type BGPConfigurationSpec struct {
 	// +kubebuilder:validation:XValidation:rule="isIP(self) && ip(self).family() == 4",message="routeReflectorClusterID must be written as an IPv4 address, such as 244.0.0.1"
 	// +kubebuilder:validation:MaxLength=15
 	RouteReflectorClusterID string `json:"routeReflectorClusterID,omitempty"`
+
+	// NodeMeshMaxPrefixes is the most prefixes a node-to-node or
+	// route-reflector session may send per address family (default 20000).
+	// A peer that sends more is disconnected (BGP Cease, maximum number of
+	// prefixes reached) and reconnects after a pause.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	NodeMeshMaxPrefixes *uint32 `json:"nodeMeshMaxPrefixes,omitempty"`
 }
 
 // ServiceIPBlock is a CIDR advertised over BGP.
@@ -157,6 +165,20 @@ type BGPPeerSpec struct {
 	// MaxRestartTime is the graceful-restart time for this peer (default 120s).
 	// +optional
 	MaxRestartTime *metav1.Duration `json:"maxRestartTime,omitempty"`
+	// Filters names BGPFilters whose rules apply to this peer's routes, in
+	// order: the first rule that matches a route decides. Routes no rule
+	// matches get tabby's defaults (see BGPFilter).
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	Filters []string `json:"filters,omitempty"`
+	// MaxPrefixes is the most prefixes this peer may send per address
+	// family (default 20000). A peer that sends more is disconnected (BGP
+	// Cease, maximum number of prefixes reached) and reconnects after a
+	// pause.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	MaxPrefixes *uint32 `json:"maxPrefixes,omitempty"`
 }
 
 // BGPPeerList is a list of BGPPeers.
@@ -165,4 +187,115 @@ type BGPPeerList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []BGPPeer `json:"items"`
+}
+
+// BGPFilter holds rules that accept or reject routes exchanged with the
+// BGPPeers naming it in their filters (as Calico's BGPFilter). Each list is
+// evaluated in order and the first rule that matches a route decides; a
+// route no rule matches gets tabby's defaults: from an external peer every
+// route is accepted except the default route and tabby's own ranges (IP
+// pools, node addresses and subnets, service CIDRs); to an external peer
+// only the pools' blocks, borrowed addresses and service CIDRs are sent.
+// Filters do not apply to sessions between cluster nodes, whose routes are
+// always checked against IPAM.
+//
+// +genclient
+// +genclient:nonNamespaced
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster
+type BGPFilter struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec BGPFilterSpec `json:"spec"`
+}
+
+// BGPFilterSpec are the rules, by direction and address family.
+type BGPFilterSpec struct {
+	// ImportV4 rules apply to IPv4 routes received from the peer.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=atomic
+	ImportV4 []BGPFilterRuleV4 `json:"importV4,omitempty"`
+	// ExportV4 rules apply to IPv4 routes sent to the peer.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=atomic
+	ExportV4 []BGPFilterRuleV4 `json:"exportV4,omitempty"`
+	// ImportV6 rules apply to IPv6 routes received from the peer.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=atomic
+	ImportV6 []BGPFilterRuleV6 `json:"importV6,omitempty"`
+	// ExportV6 rules apply to IPv6 routes sent to the peer.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=atomic
+	ExportV6 []BGPFilterRuleV6 `json:"exportV6,omitempty"`
+}
+
+// BGPFilterMatchOperator says how a rule's cidr matches a route's prefix.
+// +kubebuilder:validation:Enum=Equal;In;NotIn
+type BGPFilterMatchOperator string
+
+// The match operators.
+const (
+	// MatchEqual: the prefix is the cidr.
+	MatchEqual BGPFilterMatchOperator = "Equal"
+	// MatchIn: the prefix is the cidr or inside it.
+	MatchIn BGPFilterMatchOperator = "In"
+	// MatchNotIn: the prefix is not inside the cidr.
+	MatchNotIn BGPFilterMatchOperator = "NotIn"
+)
+
+// BGPFilterAction is what a matching rule does with a route.
+// +kubebuilder:validation:Enum=Accept;Reject
+type BGPFilterAction string
+
+// The actions.
+const (
+	FilterAccept BGPFilterAction = "Accept"
+	FilterReject BGPFilterAction = "Reject"
+)
+
+// BGPFilterRuleV4 matches IPv4 routes. A rule without cidr and
+// matchOperator matches every route.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.cidr) == has(self.matchOperator)",message="set cidr and matchOperator together, or neither to match every route"
+type BGPFilterRuleV4 struct {
+	// CIDR the route's prefix is matched against, e.g. 0.0.0.0/0.
+	// +optional
+	// +kubebuilder:validation:MaxLength=18
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).ip().family() == 4",message="cidr must be an IPv4 CIDR such as 10.0.0.0/8"
+	CIDR string `json:"cidr,omitempty"`
+	// MatchOperator: Equal, In or NotIn.
+	// +optional
+	MatchOperator BGPFilterMatchOperator `json:"matchOperator,omitempty"`
+	// Action: Accept or Reject.
+	Action BGPFilterAction `json:"action"`
+}
+
+// BGPFilterRuleV6 matches IPv6 routes. A rule without cidr and
+// matchOperator matches every route.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.cidr) == has(self.matchOperator)",message="set cidr and matchOperator together, or neither to match every route"
+type BGPFilterRuleV6 struct {
+	// CIDR the route's prefix is matched against, e.g. ::/0.
+	// +optional
+	// +kubebuilder:validation:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).ip().family() == 6",message="cidr must be an IPv6 CIDR such as fd00::/8"
+	CIDR string `json:"cidr,omitempty"`
+	// MatchOperator: Equal, In or NotIn.
+	// +optional
+	MatchOperator BGPFilterMatchOperator `json:"matchOperator,omitempty"`
+	// Action: Accept or Reject.
+	Action BGPFilterAction `json:"action"`
+}
+
+// BGPFilterList is a list of BGPFilters.
+// +kubebuilder:object:root=true
+type BGPFilterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BGPFilter `json:"items"`
 }

@@ -34,6 +34,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&IPAMConfiguration{}, &IPAMConfigurationList{},
 		&BGPConfiguration{}, &BGPConfigurationList{},
 		&BGPPeer{}, &BGPPeerList{},
+		&BGPFilter{}, &BGPFilterList{},
 	)
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil

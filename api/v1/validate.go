@@ -31,6 +31,10 @@ const (
 
 	MsgRouteReflectorClusterID = "routeReflectorClusterID must be written as an IPv4 address, such as 244.0.0.1"
 	MsgServiceCIDR             = "cidr must be in CIDR notation"
+
+	MsgFilterCIDRAndOperator = "set cidr and matchOperator together, or neither to match every route"
+	MsgFilterCIDRv4          = "cidr must be an IPv4 CIDR such as 10.0.0.0/8"
+	MsgFilterCIDRv6          = "cidr must be an IPv6 CIDR such as fd00::/8"
 )
 
 // Block size limits (prefix lengths) per family.
@@ -379,4 +383,51 @@ func (c *IPAMConfiguration) Validate() error {
 		errs = append(errs, field.Invalid(field.NewPath("spec", "maxBlocksPerHost"), c.Spec.MaxBlocksPerHost, "should be greater than or equal to 0"))
 	}
 	return wrap("IPAMConfiguration", c.Name, errs)
+}
+
+// Validate checks a BGPFilter as the API server does.
+func (f *BGPFilter) Validate() error {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	for _, l := range []struct {
+		name  string
+		rules []BGPFilterRuleV4
+	}{{"importV4", f.Spec.ImportV4}, {"exportV4", f.Spec.ExportV4}} {
+		for i, r := range l.rules {
+			errs = append(errs, validateFilterRule(spec.Child(l.name).Index(i), r.CIDR, r.MatchOperator, r.Action, 4)...)
+		}
+	}
+	for _, l := range []struct {
+		name  string
+		rules []BGPFilterRuleV6
+	}{{"importV6", f.Spec.ImportV6}, {"exportV6", f.Spec.ExportV6}} {
+		for i, r := range l.rules {
+			errs = append(errs, validateFilterRule(spec.Child(l.name).Index(i), r.CIDR, r.MatchOperator, r.Action, 6)...)
+		}
+	}
+	return wrap("BGPFilter", f.Name, errs)
+}
+
+func validateFilterRule(path *field.Path, cidr string, op BGPFilterMatchOperator, action BGPFilterAction, family int) field.ErrorList {
+	var errs field.ErrorList
+	if (cidr == "") != (op == "") {
+		errs = append(errs, field.Invalid(path, field.OmitValueType{}, MsgFilterCIDRAndOperator))
+	}
+	if cidr != "" {
+		p, err := parseCIDR(cidr)
+		if err != nil || p.Addr().Is4() != (family == 4) {
+			msg := MsgFilterCIDRv4
+			if family == 6 {
+				msg = MsgFilterCIDRv6
+			}
+			errs = append(errs, field.Invalid(path.Child("cidr"), cidr, msg))
+		}
+	}
+	if op != "" && op != MatchEqual && op != MatchIn && op != MatchNotIn {
+		errs = append(errs, field.NotSupported(path.Child("matchOperator"), op, []BGPFilterMatchOperator{MatchEqual, MatchIn, MatchNotIn}))
+	}
+	if action != FilterAccept && action != FilterReject {
+		errs = append(errs, field.NotSupported(path.Child("action"), action, []BGPFilterAction{FilterAccept, FilterReject}))
+	}
+	return errs
 }

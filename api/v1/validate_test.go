@@ -338,6 +338,7 @@ func TestMessagesMatchCRDs(t *testing.T) {
 		MsgCIDRInvalid, MsgCIDRHostBits, MsgBlockSizeRange, MsgBlockSizeTooSmall, MsgIPIPAndVXLAN,
 		MsgIPAMConfigurationName, MsgBGPPeerNodeAndSelector, MsgBGPPeerIPOrSelector, MsgBGPPeerNeedsASNumber,
 		MsgBGPPeerIP, MsgRouteReflectorClusterID, MsgServiceCIDR,
+		MsgFilterCIDRAndOperator, MsgFilterCIDRv4, MsgFilterCIDRv6,
 		// The fixed parts of the messageExpressions.
 		" has host bits set: write the network address, ",
 		" is out of range for an IPv", "20 to 32 (the default is 26)", "116 to 128 (the default is 122)",
@@ -346,5 +347,45 @@ func TestMessagesMatchCRDs(t *testing.T) {
 		if !strings.Contains(crds, norm(m)) {
 			t.Errorf("deploy/crds does not carry %q: regenerate the CRDs or fix the message", m)
 		}
+	}
+}
+
+func TestBGPFilterValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec BGPFilterSpec
+		want []string
+	}{
+		{"ok", BGPFilterSpec{
+			ImportV4: []BGPFilterRuleV4{{CIDR: "0.0.0.0/0", MatchOperator: MatchEqual, Action: FilterAccept}, {Action: FilterReject}},
+			ExportV6: []BGPFilterRuleV6{{CIDR: "fd00::/8", MatchOperator: MatchNotIn, Action: FilterReject}},
+		}, nil},
+		{"cidr without operator", BGPFilterSpec{ImportV4: []BGPFilterRuleV4{{CIDR: "10.0.0.0/8", Action: FilterAccept}}},
+			[]string{`spec.importV4[0]: Invalid value: ` + MsgFilterCIDRAndOperator}},
+		{"v6 cidr in a v4 rule", BGPFilterSpec{ExportV4: []BGPFilterRuleV4{{CIDR: "::/0", MatchOperator: MatchIn, Action: FilterAccept}}},
+			[]string{`spec.exportV4[0].cidr: Invalid value: "::/0": ` + MsgFilterCIDRv4}},
+		{"v4 cidr in a v6 rule", BGPFilterSpec{ImportV6: []BGPFilterRuleV6{{CIDR: "10.0.0.0/8", MatchOperator: MatchIn, Action: FilterAccept}}},
+			[]string{MsgFilterCIDRv6}},
+		{"bad operator and action", BGPFilterSpec{ImportV4: []BGPFilterRuleV4{{CIDR: "10.0.0.0/8", MatchOperator: "Within", Action: "Allow"}}},
+			[]string{`spec.importV4[0].matchOperator: Unsupported value: "Within"`, `spec.importV4[0].action: Unsupported value: "Allow"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &BGPFilter{ObjectMeta: metav1.ObjectMeta{Name: "f"}, Spec: tc.spec}
+			err := f.Validate()
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate accepted it; want %q", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
 	}
 }
