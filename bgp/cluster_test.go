@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/tabbynet/tabby/api/v1"
 )
 
@@ -15,14 +17,15 @@ import (
 // Advertisements from the cluster's objects, then SetPeers and
 // SetAdvertisements, on every "reconcile".
 type cluster struct {
-	t      *testing.T
-	lab    *lab
-	nodes  map[int]*cnode
-	cfg    Config
-	spec   v1.BGPConfigurationSpec
-	peers  []v1.BGPPeer
-	extra  map[int][]Peer // sessions added by hand (e.g. to BIRD)
-	passwd string
+	t       *testing.T
+	lab     *lab
+	nodes   map[int]*cnode
+	cfg     Config
+	spec    v1.BGPConfigurationSpec
+	peers   []v1.BGPPeer
+	filters []v1.BGPFilter
+	extra   map[int][]Peer // sessions added by hand (e.g. to BIRD)
+	passwd  string
 }
 
 type cnode struct {
@@ -58,6 +61,7 @@ func (c *cluster) start(i int, cfg Config) {
 	n := c.nodes[i]
 	cfg.RouterID, cfg.AS = n.ln.addr.Addr(), 64512
 	n.p.must(helperRequest{Op: "start", Config: cfg})
+	n.p.must(helperRequest{Op: "filters", Filters: c.filterInputs()})
 	c.advertise(i)
 }
 
@@ -109,9 +113,30 @@ func (c *cluster) desired(i int) []Peer {
 	return append(peers, c.extra[i]...)
 }
 
-// reconcile sets every node's sessions to what DesiredPeers gives it.
+// filterInputs are the lab's IPAM as the route filters see it: nodes 1..9
+// (10.77.0.i, fd00:77::i), the pools 10.244.0.0/16 and fd00:244::/48, and
+// each node's blocks blockOf(i) and blockOf6(i).
+func (c *cluster) filterInputs() *FilterInputs {
+	in := &FilterInputs{Config: c.spec, BGPPeers: c.peers, BGPFilters: c.filters,
+		Pools: []v1.IPPool{sizedPool("10.244.0.0/16", 26), sizedPool("fd00:244::/48", 122)}}
+	for i := 1; i <= 9; i++ {
+		name := fmt.Sprintf("node%d", i)
+		in.Nodes = append(in.Nodes, Node{Name: name, IPv4: netip.PrefixFrom(addrOf(i), 24),
+			IPv6: netip.MustParsePrefix(fmt.Sprintf("fd00:77::%d/64", i))})
+		in.Blocks = append(in.Blocks, block(blockOf(i).String(), "host:"+name, nil), block(blockOf6(i).String(), "host:"+name, nil))
+	}
+	return in
+}
+
+func sizedPool(cidr string, blockSize int) v1.IPPool {
+	return v1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: cidr}, Spec: v1.IPPoolSpec{CIDR: cidr, BlockSize: blockSize}}
+}
+
+// reconcile sets every node's filters and sessions to what NewFilters and
+// DesiredPeers give it.
 func (c *cluster) reconcile() {
 	for _, i := range c.indexes() {
+		c.nodes[i].p.must(helperRequest{Op: "filters", Filters: c.filterInputs()})
 		c.nodes[i].p.must(helperRequest{Op: "peers", Peers: c.desired(i)})
 	}
 }

@@ -64,6 +64,9 @@ func apiPeer(p Peer, cfg Config, restarting bool) *api.Peer {
 		AfiSafis: []*api.AfiSafi{{
 			Config:            &api.AfiSafiConfig{Family: familyFor(p.Address), Enabled: true},
 			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
+			// A warning at 80%, then the session is closed (Cease,
+			// maximum number of prefixes reached).
+			PrefixLimits: &api.PrefixLimit{Family: familyFor(p.Address), MaxPrefixes: p.maxPrefixes(), ShutdownThresholdPct: 80},
 		}},
 	}
 	if p.LocalAddress.IsValid() {

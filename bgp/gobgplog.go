@@ -15,12 +15,17 @@ import (
 type gobgpLogger struct {
 	log *slog.Logger
 
+	// onLimit is called when a session is closed for sending more
+	// prefixes than its limit, with the neighbor address and family.
+	onLimit func(addr, family string)
+
 	mu      sync.Mutex
 	details map[string]string // by neighbor address
+	trips   map[string]int    // prefix-limit closures, by neighbor address
 }
 
 func newGobgpLogger(l *slog.Logger) *gobgpLogger {
-	return &gobgpLogger{log: l.With("component", "gobgp"), details: map[string]string{}}
+	return &gobgpLogger{log: l.With("component", "gobgp"), details: map[string]string{}, trips: map[string]int{}}
 }
 
 // detail is the last problem logged for a peer, "" for none.
@@ -32,6 +37,16 @@ func (g *gobgpLogger) detail(addr string) string {
 
 func (g *gobgpLogger) emit(level slog.Level, msg string, fields gobgplog.Fields) {
 	if key, ok := fields["Key"].(string); ok {
+		// GoBGP logs "prefix limit reached" once with Pct at the warning
+		// threshold, and without it each time it closes the session.
+		if _, warning := fields["Pct"]; msg == "prefix limit reached" && !warning {
+			g.mu.Lock()
+			g.trips[key]++
+			g.mu.Unlock()
+			if g.onLimit != nil {
+				g.onLimit(key, fmt.Sprint(fields["Family"]))
+			}
+		}
 		switch {
 		case msg == "Peer Down":
 			g.remember(key, fmt.Sprintf("session went down: %v", fields["Reason"]))
@@ -49,6 +64,13 @@ func (g *gobgpLogger) emit(level slog.Level, msg string, fields gobgplog.Fields)
 		attrs = append(attrs, strings.ToLower(k), fields[k])
 	}
 	g.log.Log(context.Background(), level, msg, attrs...)
+}
+
+// limitTrips counts the prefix-limit closures of a peer.
+func (g *gobgpLogger) limitTrips(addr string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.trips[addr]
 }
 
 func (g *gobgpLogger) remember(addr, detail string) {

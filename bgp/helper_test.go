@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,10 +27,11 @@ import (
 const helperEnv = "TABBY_BGP_HELPER"
 
 type helperRequest struct {
-	Op      string  // start, peers, adverts, learned, states, mute (see startMutePeer)
-	Config  Config  `json:",omitempty"`
-	Peers   []Peer  `json:",omitempty"`
-	Adverts []Route `json:",omitempty"`
+	Op      string        // start, filters, peers, adverts, learned, states, mute (see startMutePeer)
+	Config  Config        `json:",omitempty"`
+	Filters *FilterInputs `json:",omitempty"`
+	Peers   []Peer        `json:",omitempty"`
+	Adverts []Route       `json:",omitempty"`
 }
 
 type helperResponse struct {
@@ -63,6 +65,11 @@ func TestHelperSpeakerProcess(t *testing.T) {
 			s, err = Start(ctx, req.Config)
 		case s == nil:
 			err = fmt.Errorf("%s before start", req.Op)
+		case req.Op == "filters":
+			f, problems := NewFilters(*req.Filters)
+			if err = errors.Join(problems...); err == nil {
+				err = s.SetFilters(ctx, f)
+			}
 		case req.Op == "peers":
 			err = s.SetPeers(ctx, req.Peers)
 		case req.Op == "adverts":

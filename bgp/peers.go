@@ -106,6 +106,9 @@ type Peer struct {
 	// KeepOriginalNextHop: routes sent to this (eBGP) peer keep their next
 	// hop instead of this node's address.
 	KeepOriginalNextHop bool
+	// MaxPrefixes is the most prefixes the peer may send per address
+	// family before the session is closed (0: DefaultMaxPrefixes).
+	MaxPrefixes uint32
 
 	// Kind says why the session exists; BGPPeer names the BGPPeer resource
 	// for KindBGPPeer.
@@ -126,6 +129,13 @@ func (p Peer) Reason() string {
 		return string(KindBGPPeer) + "/" + p.BGPPeer
 	}
 	return string(p.Kind)
+}
+
+func (p Peer) maxPrefixes() uint32 {
+	if p.MaxPrefixes == 0 {
+		return DefaultMaxPrefixes
+	}
+	return p.MaxPrefixes
 }
 
 // Key is the peer's address as the speaker and Transition key it.
@@ -225,14 +235,14 @@ func (d *peerBuilder) mesh() {
 		if anyReflector && !d.in.Self.Reflector() && !n.Reflector() {
 			continue
 		}
-		d.nodePeers(n, KindMesh, "", d.in.MeshPassword, d.s.MeshRestartTime, false)
+		d.nodePeers(n, KindMesh, "", d.in.MeshPassword, d.s.MeshRestartTime, false, d.s.MeshMaxPrefixes)
 	}
 }
 
 // nodePeers adds one session per address family the two nodes share. kind
 // is refined for reflectors: a session of a reflector with a node that is
 // not a reflector of its cluster makes that node its client.
-func (d *peerBuilder) nodePeers(n Node, kind Kind, bgpPeer, password string, restart time.Duration, keepNextHop bool) {
+func (d *peerBuilder) nodePeers(n Node, kind Kind, bgpPeer, password string, restart time.Duration, keepNextHop bool, maxPrefixes uint32) {
 	self := d.in.Self
 	for _, family := range []int{4, 6} {
 		local, remote := self.addr(family), n.addr(family)
@@ -248,6 +258,7 @@ func (d *peerBuilder) nodePeers(n Node, kind Kind, bgpPeer, password string, res
 			Password:            password,
 			RestartTime:         restart,
 			KeepOriginalNextHop: keepNextHop,
+			MaxPrefixes:         maxPrefixes,
 			Kind:                kind,
 			BGPPeer:             bgpPeer,
 			Node:                n.Name,
@@ -326,6 +337,7 @@ func (d *peerBuilder) bgpPeer(bp *v1.BGPPeer) {
 		Password:            password,
 		RestartTime:         restart,
 		KeepOriginalNextHop: spec.KeepOriginalNextHop,
+		MaxPrefixes:         peerMaxPrefixes(spec),
 		Kind:                KindBGPPeer,
 		BGPPeer:             bp.Name,
 		Relays:              true,
@@ -345,7 +357,7 @@ func (d *peerBuilder) selectedNodes(bp *v1.BGPPeer, password string, restart tim
 		picks, _ := d.picks(bp.Name, "nodeSelector", spec.Node, spec.NodeSelector, n)
 		selects, _ := d.picks(bp.Name, "peerSelector", "", spec.PeerSelector, n)
 		if (picksSelf && selects) || (picks && selectsSelf) {
-			d.nodePeers(n, KindBGPPeer, bp.Name, password, restart, spec.KeepOriginalNextHop)
+			d.nodePeers(n, KindBGPPeer, bp.Name, password, restart, spec.KeepOriginalNextHop, peerMaxPrefixes(spec))
 		}
 	}
 }
@@ -368,6 +380,13 @@ func (d *peerBuilder) picks(bgpPeer, field, name string, sel *metav1.LabelSelect
 		return false, err
 	}
 	return s.Matches(labels.Set(n.Labels)), nil
+}
+
+func peerMaxPrefixes(spec *v1.BGPPeerSpec) uint32 {
+	if spec.MaxPrefixes != nil && *spec.MaxPrefixes > 0 {
+		return *spec.MaxPrefixes
+	}
+	return DefaultMaxPrefixes
 }
 
 // parsePeerIP splits a BGPPeer's peerIP: an address, address:port or

@@ -16,6 +16,10 @@ const (
 	DefaultClusterID       = "244.0.0.1"
 	DefaultMaxRestartTime  = 120 * time.Second
 	DefaultExternalBGPPort = 179
+	// DefaultMaxPrefixes bounds the prefixes one session may send per
+	// address family: room for the blocks and borrowed addresses of a
+	// cluster of several thousand nodes, far below what exhausts a node.
+	DefaultMaxPrefixes = 20000
 )
 
 // Settings are a BGPConfiguration's fields with their defaults applied.
@@ -30,6 +34,8 @@ type Settings struct {
 	ClusterID string
 	// MeshRestartTime is the graceful-restart time of node-to-node sessions.
 	MeshRestartTime time.Duration
+	// MeshMaxPrefixes bounds what one node-to-node session may send.
+	MeshMaxPrefixes uint32
 }
 
 // SettingsOf applies the defaults to a BGPConfiguration spec; the zero spec
@@ -41,6 +47,10 @@ func SettingsOf(spec v1.BGPConfigurationSpec) Settings {
 		ListenPort:      DefaultListenPort,
 		ClusterID:       DefaultClusterID,
 		MeshRestartTime: DefaultMaxRestartTime,
+		MeshMaxPrefixes: DefaultMaxPrefixes,
+	}
+	if spec.NodeMeshMaxPrefixes != nil && *spec.NodeMeshMaxPrefixes > 0 {
+		s.MeshMaxPrefixes = *spec.NodeMeshMaxPrefixes
 	}
 	if spec.ASNumber != nil && *spec.ASNumber != 0 {
 		s.AS = *spec.ASNumber

@@ -51,6 +51,10 @@ type Config struct {
 	Transition TransitionOptions
 	// Log receives the speaker's and GoBGP's logs (default slog.Default()).
 	Log *slog.Logger
+	// OnPrefixLimit, when set, is called each time a session is closed
+	// because its peer sent more prefixes than Peer.MaxPrefixes (from
+	// GoBGP's goroutines: it must not call the speaker).
+	OnPrefixLimit func(peer netip.Addr, family string) `json:"-"`
 }
 
 // Defaults of Config.
@@ -94,7 +98,8 @@ type Speaker struct {
 	sessions map[string]*session         // running sessions by Peer.Key
 	adverts  map[netip.Prefix]advertised // routes handed to GoBGP
 	held     map[string]heldRoutes       // routes of sessions this speaker reset, by Peer.Key
-	keepNH   []string                    // the neighbor set of the keep-next-hop policy
+	filters  *Filters                    // see SetFilters
+	policy   *api.SetPoliciesRequest     // the GoBGP policies in force
 	lastErr  error                       // of the last background converge
 
 	kick    chan struct{}
@@ -130,10 +135,12 @@ func Start(ctx context.Context, cfg Config) (*Speaker, error) {
 		sessions: map[string]*session{},
 		adverts:  map[netip.Prefix]advertised{},
 		held:     map[string]heldRoutes{},
+		filters:  &Filters{},
 		kick:     make(chan struct{}, 1),
 		changes:  make(chan struct{}, 1),
 		done:     make(chan struct{}),
 	}
+	s.glog.onLimit = s.prefixLimitReached
 	s.srv = server.NewBgpServer(server.LoggerOption(s.glog))
 	go s.srv.Serve()
 	global := &api.Global{Asn: cfg.AS, RouterId: cfg.RouterID.String(), ListenPort: int32(cfg.ListenPort)}
@@ -144,7 +151,7 @@ func Start(ctx context.Context, cfg Config) (*Speaker, error) {
 		s.srv.Stop()
 		return nil, fmt.Errorf("starting BGP (AS %d, router ID %s, port %d): %w; is another BGP speaker listening on the port?", cfg.AS, cfg.RouterID, cfg.ListenPort, err)
 	}
-	if err := s.installKeepNextHopPolicy(ctx); err != nil {
+	if err := s.installPolicies(ctx); err != nil {
 		s.srv.Stop()
 		return nil, err
 	}
@@ -188,6 +195,32 @@ func (s *Speaker) SetPeers(ctx context.Context, desired []Peer) error {
 	defer s.mu.Unlock()
 	s.desired = append([]Peer(nil), desired...)
 	return s.converge(ctx)
+}
+
+// SetFilters sets the route filters (see Filters) and applies them to
+// every session: routes already received are evaluated again. Call it on
+// every reconcile, before SetPeers; it is idempotent. Until it is first
+// called, sessions with nodes accept nothing and external peers
+// everything but the default route.
+func (s *Speaker) SetFilters(ctx context.Context, f *Filters) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.filters = f
+	return s.syncPolicies(ctx)
+}
+
+// prefixLimitReached is told by GoBGP's log that a session was closed for
+// sending too many prefixes.
+func (s *Speaker) prefixLimitReached(key, family string) {
+	addr, err := netip.ParseAddr(key)
+	if err != nil {
+		return
+	}
+	s.log.Warn("BGP peer sent more prefixes than its limit: the session is closed (Cease, maximum number of prefixes reached) and will be again each time it comes back with as many; find out why it sends so many, or raise BGPPeer maxPrefixes (BGPConfiguration nodeMeshMaxPrefixes for sessions between nodes)",
+		"peer", key, "family", family)
+	if s.cfg.OnPrefixLimit != nil {
+		s.cfg.OnPrefixLimit(addr.Unmap(), family)
+	}
 }
 
 // Changes is signalled (coalesced, never blocking the speaker) when what
@@ -284,7 +317,7 @@ func (s *Speaker) converge(ctx context.Context) error {
 		}
 	}
 	s.releaseHeldRoutes(now, current)
-	errs = append(errs, s.syncKeepNextHop(ctx))
+	errs = append(errs, s.syncPolicies(ctx))
 	if len(plan.Add)+len(plan.Change)+len(plan.Remove) > 0 {
 		s.log.Info("BGP sessions converged", "added", len(plan.Add), "changed", len(plan.Change), "removed", len(plan.Remove), "held", len(plan.Held))
 		s.signal()

@@ -8,6 +8,10 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/tabbynet/tabby/api/v1"
 )
 
 // Two speakers in this process, on loopback addresses with ports of their
@@ -69,12 +73,33 @@ func learnedString(t *testing.T, s *Speaker) string {
 	return out
 }
 
+// setLoopFilters gives speakers the filters of a cluster of nodes a
+// (192.168.0.1), b (192.168.0.2) and c (192.168.0.9) with the pool
+// 10.244.0.0/16: 10.244.1.0/26 belongs to owner, 10.244.2.0/26 to b.
+func setLoopFilters(t *testing.T, owner string, speakers ...*Speaker) {
+	t.Helper()
+	f, problems := NewFilters(FilterInputs{Pools: []v1.IPPool{sizedPool("10.244.0.0/16", 26)},
+		Nodes: []Node{{Name: "a", IPv4: netip.MustParsePrefix("192.168.0.1/24")}, {Name: "b", IPv4: netip.MustParsePrefix("192.168.0.2/24")},
+			{Name: "c", IPv4: netip.MustParsePrefix("192.168.0.9/24")}},
+		Blocks: []v1.IPAMBlock{block("10.244.1.0/26", "host:"+owner, nil), block("10.244.2.0/26", "host:b", nil)},
+		Config: v1.BGPConfigurationSpec{ServiceClusterIPs: []v1.ServiceIPBlock{{CIDR: "10.96.0.0/12"}}}})
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	for _, s := range speakers {
+		if err := s.SetFilters(context.Background(), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestSpeakerOnLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts BGP sessions")
 	}
 	ctx := context.Background()
 	a, b := loopSpeaker(t, 1, Config{}), loopSpeaker(t, 2, Config{})
+	setLoopFilters(t, "a", a, b)
 	if err := a.SetPeers(ctx, []Peer{loopPeer(1, 2)}); err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +111,10 @@ func TestSpeakerOnLoopback(t *testing.T) {
 	if err := a.SetAdvertisements(ctx, []Route{blockA, svc}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "b learns a's routes with a's next hop", func() (bool, string) {
+	// Service CIDRs are not for nodes: a does not send it.
+	eventually(t, 20*time.Second, "b learns a's block with a's next hop", func() (bool, string) {
 		got := learnedString(t, b)
-		return got == "10.96.0.0/12 via 192.168.0.1 from 127.0.0.1 stale=false; 10.244.1.0/26 via 192.168.0.1 from 127.0.0.1 stale=false; ", got
+		return got == "10.244.1.0/26 via 192.168.0.1 from 127.0.0.1 stale=false; ", got
 	})
 	if got := learnedString(t, a); got != "" {
 		t.Errorf("a learned its own routes back: %s", got)
@@ -97,7 +123,7 @@ func TestSpeakerOnLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(states) != 1 || !states[0].Established() || !states[0].Synced || states[0].Received != 2 || len(states[0].Prefixes) != 2 || states[0].Reason() != "node-mesh" {
+	if len(states) != 1 || !states[0].Established() || !states[0].Synced || states[0].Received != 1 || len(states[0].Prefixes) != 1 || states[0].Reason() != "node-mesh" {
 		t.Errorf("b's peer states: %+v", states)
 	}
 	// b originates nothing, so it carries nothing to a (graceful restart's
@@ -110,7 +136,9 @@ func TestSpeakerOnLoopback(t *testing.T) {
 		t.Errorf("a's peer states (want 2 advertised): %+v %v", st, err)
 	}
 
-	// Withdraw one route, move the other to a new next hop.
+	// Withdraw one route, move the other to a new next hop: the block now
+	// belongs to node c, 192.168.0.9.
+	setLoopFilters(t, "c", a, b)
 	moved := blockA
 	moved.NextHop = netip.MustParseAddr("192.168.0.9")
 	if err := a.SetAdvertisements(ctx, []Route{moved}); err != nil {
@@ -147,4 +175,116 @@ func TestSpeakerOnLoopback(t *testing.T) {
 		got := learnedString(t, a)
 		return len(st) == 1 && !st[0].Established() && st[0].Detail != "" && got == "", fmt.Sprintf("%+v %s", st, got)
 	})
+}
+
+// liarFilters let a speaker send anything over its sessions with the
+// BGPPeer "victim" (a filter that exports everything): it stands for a
+// tabby node that lies, or is compromised.
+func liarFilters(t *testing.T, s *Speaker) {
+	t.Helper()
+	f, problems := NewFilters(FilterInputs{
+		BGPPeers: []v1.BGPPeer{{ObjectMeta: metav1.ObjectMeta{Name: "victim"}, Spec: v1.BGPPeerSpec{Filters: []string{"anything"}}}},
+		BGPFilters: []v1.BGPFilter{{ObjectMeta: metav1.ObjectMeta{Name: "anything"}, Spec: v1.BGPFilterSpec{
+			ExportV4: []v1.BGPFilterRuleV4{{Action: v1.FilterAccept}}, ExportV6: []v1.BGPFilterRuleV6{{Action: v1.FilterAccept}}}}}})
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	if err := s.SetFilters(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLoopbackLyingNode: a node (speaker 3, node c's address 192.168.0.9
+// as next hop) announces another node's block, a /32 inside it, a node's
+// address, the whole pool, the default route and the service CIDR, next
+// to its own block. The victim keeps only the legitimate routes, counts
+// the rest as rejected per peer, and still learns a's block from a.
+func TestLoopbackLyingNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts BGP sessions")
+	}
+	ctx := context.Background()
+	a, victim, liar := loopSpeaker(t, 1, Config{}), loopSpeaker(t, 2, Config{}), loopSpeaker(t, 3, Config{})
+	setLoopFilters(t, "a", a, victim)
+	liarFilters(t, liar)
+	liarPeer := loopPeer(2, 3)
+	liarPeer.Node = "c"
+	mustNil(t, victim.SetPeers(ctx, []Peer{loopPeer(2, 1), liarPeer}))
+	mustNil(t, a.SetPeers(ctx, []Peer{loopPeer(1, 2)}))
+	toVictim := loopPeer(3, 2)
+	toVictim.Kind, toVictim.BGPPeer = KindBGPPeer, "victim"
+	mustNil(t, liar.SetPeers(ctx, []Peer{toVictim}))
+	mustNil(t, a.SetAdvertisements(ctx, []Route{{Prefix: netip.MustParsePrefix("10.244.1.0/26"), NextHop: netip.MustParseAddr("192.168.0.1")}}))
+	c := netip.MustParseAddr("192.168.0.9")
+	var lies []Route
+	for _, p := range []string{"10.244.1.0/26", "10.244.1.7/32", "192.168.0.1/32", "10.244.0.0/16", "0.0.0.0/0", "10.96.0.0/12", "10.244.2.0/26"} {
+		lies = append(lies, Route{Prefix: netip.MustParsePrefix(p), NextHop: c})
+	}
+	// c owns no block in the victim's IPAM: give it one, so one of its
+	// routes is legitimate.
+	f, _ := NewFilters(FilterInputs{Pools: []v1.IPPool{sizedPool("10.244.0.0/16", 26)},
+		Nodes:  []Node{{Name: "a", IPv4: netip.MustParsePrefix("192.168.0.1/24")}, {Name: "c", IPv4: netip.MustParsePrefix("192.168.0.9/24")}},
+		Blocks: []v1.IPAMBlock{block("10.244.1.0/26", "host:a", nil), block("10.244.3.0/26", "host:c", nil)},
+		Config: v1.BGPConfigurationSpec{ServiceClusterIPs: []v1.ServiceIPBlock{{CIDR: "10.96.0.0/12"}}}})
+	mustNil(t, victim.SetFilters(ctx, f))
+	lies = append(lies, Route{Prefix: netip.MustParsePrefix("10.244.3.0/26"), NextHop: c})
+	mustNil(t, liar.SetAdvertisements(ctx, lies))
+	eventually(t, 20*time.Second, "the victim keeps a's block from a and c's own block, and nothing else", func() (bool, string) {
+		st, _ := victim.PeerStates(ctx)
+		got := learnedString(t, victim)
+		return got == "10.244.1.0/26 via 192.168.0.1 from 127.0.0.1 stale=false; 10.244.3.0/26 via 192.168.0.9 from 127.0.0.3 stale=false; " &&
+			len(st) == 2 && st[1].Received == 8, fmt.Sprintf("%s %+v", got, st)
+	})
+	st, err := victim.PeerStates(ctx)
+	mustNil(t, err)
+	if st[1].Rejected != 7 || st[1].Accepted != 1 || st[0].Rejected != 0 || st[0].Accepted != 1 {
+		t.Errorf("rejected/accepted: from a %d/%d, want 0/1; from the liar %d/%d, want 7/1", st[0].Rejected, st[0].Accepted, st[1].Rejected, st[1].Accepted)
+	}
+	if fmt.Sprint(st[1].RejectedPrefixes) != "[0.0.0.0/0 10.96.0.0/12 10.244.0.0/16 10.244.1.0/26 10.244.1.7/32 10.244.2.0/26 192.168.0.1/32]" {
+		t.Errorf("rejected prefixes: %v", st[1].RejectedPrefixes)
+	}
+}
+
+// TestLoopbackPrefixLimit: a peer that sends more than MaxPrefixes has its
+// session closed, is counted and reported through OnPrefixLimit.
+func TestLoopbackPrefixLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts BGP sessions")
+	}
+	ctx := context.Background()
+	trips := make(chan string, 10)
+	victim := loopSpeaker(t, 4, Config{OnPrefixLimit: func(peer netip.Addr, family string) { trips <- peer.String() + " " + family }})
+	flood := loopSpeaker(t, 5, Config{})
+	liarFilters(t, flood)
+	p := loopPeer(4, 5)
+	p.Kind, p.BGPPeer, p.MaxPrefixes = KindBGPPeer, "flood", 10
+	mustNil(t, victim.SetPeers(ctx, []Peer{p}))
+	back := loopPeer(5, 4)
+	back.Kind, back.BGPPeer = KindBGPPeer, "victim"
+	mustNil(t, flood.SetPeers(ctx, []Peer{back}))
+	var routes []Route
+	for i := range 30 {
+		routes = append(routes, Route{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(i), 0}), 24), NextHop: netip.MustParseAddr("127.0.0.5")})
+	}
+	mustNil(t, flood.SetAdvertisements(ctx, routes))
+	select {
+	case got := <-trips:
+		if got != "127.0.0.5 ipv4-unicast" {
+			t.Errorf("OnPrefixLimit(%s)", got)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the session was not closed for sending 30 prefixes over a limit of 10")
+	}
+	eventually(t, 10*time.Second, "the session is down, counted, and its routes gone", func() (bool, string) {
+		st, err := victim.PeerStates(ctx)
+		got := learnedString(t, victim)
+		return err == nil && len(st) == 1 && st[0].LimitTrips >= 1 && !st[0].Established() && got == "", fmt.Sprintf("%+v %v %s", st, err, got)
+	})
+}
+
+func mustNil(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }

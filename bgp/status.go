@@ -23,7 +23,47 @@ func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.peerStates(ctx, r)
+	states, err := s.peerStates(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	for i := range states {
+		st := &states[i]
+		st.LimitTrips = s.glog.limitTrips(st.Key())
+		if st.Established() {
+			if err := s.countRejected(ctx, st); err != nil {
+				return nil, err
+			}
+			// GoBGP's count leaves out only routes with AS loops.
+			st.Accepted = max(st.Accepted-st.Rejected, 0)
+		}
+	}
+	return states, nil
+}
+
+// maxRejectedShown bounds PeerState.RejectedPrefixes.
+const maxRejectedShown = 10
+
+// countRejected counts the routes of a session the import policy rejects:
+// GoBGP keeps them in the session's Adj-RIB-In and marks them when asked.
+func (s *Speaker) countRejected(ctx context.Context, st *PeerState) error {
+	err := s.srv.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_ADJ_IN, Name: st.Key(),
+		Family: familyFor(st.Address), EnableFiltered: true}, func(d *api.Destination) {
+		for _, p := range d.Paths {
+			if !p.Filtered || p.IsWithdraw {
+				continue
+			}
+			st.Rejected++
+			if pfx, err := netip.ParsePrefix(d.Prefix); err == nil && len(st.RejectedPrefixes) < maxRejectedShown {
+				st.RejectedPrefixes = append(st.RejectedPrefixes, pfx)
+			}
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("reading what BGP peer %s sent: %w", st.Key(), err)
+	}
+	sort.Slice(st.RejectedPrefixes, func(i, j int) bool { return prefixLess(st.RejectedPrefixes[i], st.RejectedPrefixes[j]) })
+	return nil
 }
 
 // peerStates joins the sessions the speaker configured with GoBGP's view

@@ -35,6 +35,13 @@ type PeerState struct {
 	// the routes this node originates, which an established session
 	// carries to the peer.
 	Received, Accepted, Advertised int
+	// Rejected counts the routes the peer sent that the route filters
+	// reject (see Filters); RejectedPrefixes are some of them.
+	Rejected         int
+	RejectedPrefixes []netip.Prefix
+	// LimitTrips counts the times the session was closed because the peer
+	// sent more than MaxPrefixes.
+	LimitTrips int
 	// Prefixes are the prefixes the peer currently gives us (retained stale
 	// routes of a restarting peer excluded).
 	Prefixes []netip.Prefix
@@ -227,7 +234,8 @@ func needsReset(running, p Peer) bool {
 	return running.Address != p.Address || running.Port != p.Port || running.AS != p.AS ||
 		running.LocalAddress != p.LocalAddress || running.Passive != p.Passive ||
 		running.RRClient != p.RRClient || running.ClusterID != p.ClusterID ||
-		running.Password != p.Password || running.RestartTime != p.RestartTime
+		running.Password != p.Password || running.RestartTime != p.RestartTime ||
+		running.maxPrefixes() != p.maxPrefixes()
 }
 
 func sortedKeys[V any](m map[string]V) []string {

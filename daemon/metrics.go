@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"net/netip"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tabbynet/tabby/bgp"
@@ -16,6 +18,8 @@ type routingMetrics struct {
 	applyErrors     prometheus.Counter
 	kernelChanges   *prometheus.CounterVec
 	lastReconcileOK prometheus.Gauge
+	rejected        *prometheus.GaugeVec
+	limitTrips      *prometheus.CounterVec
 }
 
 var sessionStates = []bgp.SessionState{bgp.StateIdle, bgp.StateConnect, bgp.StateActive, bgp.StateOpenSent, bgp.StateOpenConfirm, bgp.StateEstablished}
@@ -52,6 +56,15 @@ func newRoutingMetrics(reg prometheus.Registerer) *routingMetrics {
 			Help: "1 when the last programming of the kernel succeeded, else 0.",
 		}),
 	}
+	m.rejected = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tabby_bgp_rejected_routes",
+		Help: "Routes a BGP peer currently sends that the route filters reject, by peer address and session type.",
+	}, []string{"peer", "type"})
+	m.limitTrips = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tabby_bgp_prefix_limit_exceeded_total",
+		Help: "Times a BGP session was closed because its peer sent more prefixes than its limit (BGPPeer maxPrefixes, BGPConfiguration nodeMeshMaxPrefixes), by peer address and address family.",
+	}, []string{"peer", "family"})
+	reg.MustRegister(m.rejected, m.limitTrips)
 	reg.MustRegister(m.sessions, m.routes, m.reconciles, m.reconcileTime, m.applyErrors, m.kernelChanges, m.lastReconcileOK)
 	return m
 }
@@ -85,4 +98,17 @@ func (m *routingMetrics) observeApply(st routing.Stats, err error) {
 	} else {
 		m.lastReconcileOK.Set(1)
 	}
+}
+
+// observeRejected sets the rejected-routes gauge from the sessions.
+func (m *routingMetrics) observeRejected(states []bgp.PeerState) {
+	m.rejected.Reset()
+	for _, st := range states {
+		m.rejected.WithLabelValues(st.Address.String(), string(st.Kind)).Set(float64(st.Rejected))
+	}
+}
+
+// prefixLimitReached counts a session closed for too many prefixes.
+func (m *routingMetrics) prefixLimitReached(peer netip.Addr, family string) {
+	m.limitTrips.WithLabelValues(peer.String(), family).Inc()
 }

@@ -322,6 +322,14 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 	for _, err := range errs {
 		out.problem(false, "%v", err)
 	}
+	filters, errs := bgp.NewFilters(bgp.FilterInputs{Nodes: append([]bgp.Node{selfBGP}, nodes...), Pools: snap.pools,
+		Blocks: snap.blocks, Config: snap.config, BGPPeers: snap.peers, BGPFilters: snap.filters})
+	for _, err := range errs {
+		out.problem(false, "%v", err)
+	}
+	if err := r.speaker.SetFilters(ctx, filters); err != nil {
+		out.problem(true, "applying the BGP route filters: %v", err)
+	}
 	if err := r.speaker.SetPeers(ctx, desired); err != nil {
 		out.problem(true, "configuring BGP sessions: %v", err)
 	}
@@ -353,7 +361,10 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 	for _, n := range nodes {
 		nodeAddrs[n.IPv4.Addr()], nodeAddrs[n.IPv6.Addr()] = true, true
 	}
-	toInstall, stale := installable(learned, snap.pools, nodeAddrs)
+	toInstall, stale, refused := installable(learned, snap.pools, nodeAddrs, filters, desired)
+	for _, why := range refused {
+		out.problem(false, "%s", why)
+	}
 	var own []netip.Prefix
 	for _, b := range snap.blocks {
 		if b.Spec.Affinity != "host:"+r.cfg.Node || b.Spec.Deleted {
@@ -424,6 +435,7 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 		}
 	}
 	r.metrics.observeSessions(states)
+	r.metrics.observeRejected(states)
 	r.metrics.routes.WithLabelValues("programmed").Set(float64(len(state.Routes)))
 	r.metrics.routes.WithLabelValues("blackhole").Set(float64(blackholes))
 	r.metrics.routes.WithLabelValues("learned").Set(float64(len(learned)))
@@ -497,7 +509,7 @@ func (r *router) ensureSpeaker(ctx context.Context, as uint32, id netip.Addr, po
 	}
 	restarting := r.firstStart && r.restarted
 	sp, err := bgp.Start(ctx, bgp.Config{RouterID: id, AS: as, ListenPort: port, Restarting: restarting,
-		Transition: r.cfg.Transition, Log: r.cfg.Log.With("loop", "bgp")})
+		Transition: r.cfg.Transition, Log: r.cfg.Log.With("loop", "bgp"), OnPrefixLimit: r.metrics.prefixLimitReached})
 	if err != nil {
 		return fmt.Errorf("starting BGP: %w", err)
 	}
@@ -537,7 +549,18 @@ func (r *router) holdKept(state *routing.State, desired []bgp.Peer, states []bgp
 // cluster node (routes of external peers). What nodes advertise outside
 // the pools (service CIDRs) is reached on every node already. It also
 // counts the stale routes.
-func installable(learned []bgp.LearnedRoute, pools []tabbyv1.IPPool, nodeAddrs map[netip.Addr]bool) ([]routing.LearnedRoute, int) {
+//
+// The speaker's import policy already turned away what the filters
+// reject; they are asked again here, so that a route that reached GoBGP's
+// table anyway (held across a reset, or accepted before IPAM changed and
+// not yet re-evaluated) never reaches the kernel. Such routes are
+// returned as refused, with why.
+func installable(learned []bgp.LearnedRoute, pools []tabbyv1.IPPool, nodeAddrs map[netip.Addr]bool, f *bgp.Filters, peers []bgp.Peer) ([]routing.LearnedRoute, int, []string) {
+	byAddr := map[netip.Addr]bgp.Peer{}
+	for _, p := range peers {
+		byAddr[p.Address] = p
+	}
+	var refused []string
 	var cidrs []netip.Prefix
 	for _, p := range pools {
 		if c, err := netip.ParsePrefix(p.Spec.CIDR); err == nil {
@@ -554,9 +577,15 @@ func installable(learned []bgp.LearnedRoute, pools []tabbyv1.IPPool, nodeAddrs m
 		if !inPool && nodeAddrs[lr.NextHop.Unmap()] {
 			continue
 		}
+		if p, ok := byAddr[lr.Peer]; ok && f != nil {
+			if v := f.Import(p, lr.Route); !v.Accept {
+				refused = append(refused, fmt.Sprintf("route %s via %s from %s (%s) is not installed: %s", lr.Prefix, lr.NextHop, lr.Peer, p.Reason(), v.Reason))
+				continue
+			}
+		}
 		out = append(out, routing.LearnedRoute{Prefix: lr.Prefix, NextHop: lr.NextHop})
 	}
-	return out, stale
+	return out, stale, refused
 }
 
 // bgpNode is a Node as BGP sees it (its addresses from its annotations).
@@ -648,7 +677,14 @@ func (r *router) Status(ctx context.Context) nodestatus.Status {
 	}
 	for _, ps := range states {
 		p := nodestatus.Peer{Address: ps.Address.String(), Port: ps.Port, AS: ps.AS, Type: ps.Reason(), Node: ps.Node,
-			State: string(ps.State), Since: ps.Since, Synced: ps.Synced, Received: ps.Received, Accepted: ps.Accepted, Info: ps.Detail}
+			State: string(ps.State), Since: ps.Since, Synced: ps.Synced, Received: ps.Received, Accepted: ps.Accepted,
+			Rejected: ps.Rejected, MaxPrefixes: ps.MaxPrefixes, LimitTrips: ps.LimitTrips, Info: ps.Detail}
+		if p.MaxPrefixes == 0 {
+			p.MaxPrefixes = bgp.DefaultMaxPrefixes
+		}
+		for _, rp := range ps.RejectedPrefixes {
+			p.RejectedPrefixes = append(p.RejectedPrefixes, rp.String())
+		}
 		if !ps.HeldSince.IsZero() {
 			p.Info = strings.TrimSpace(fmt.Sprintf("being replaced since %s: %s %s", ps.HeldSince.Local().Format(time.TimeOnly), ps.HeldFor, p.Info))
 		}

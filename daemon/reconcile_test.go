@@ -59,22 +59,39 @@ func pool(name, cidr string, f func(*tabbyv1.IPPoolSpec)) tabbyv1.IPPool {
 func TestInstallable(t *testing.T) {
 	pools := []tabbyv1.IPPool{pool("a", "10.244.0.0/16", nil)}
 	nodes := map[netip.Addr]bool{netip.MustParseAddr("10.0.0.2"): true}
-	lr := func(p, nh string, stale bool) bgp.LearnedRoute {
-		return bgp.LearnedRoute{Route: bgp.Route{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)}, Stale: stale}
+	lr := func(p, nh, peer string, stale bool) bgp.LearnedRoute {
+		return bgp.LearnedRoute{Route: bgp.Route{Prefix: netip.MustParsePrefix(p), NextHop: netip.MustParseAddr(nh)},
+			Peer: netip.MustParseAddr(peer), Stale: stale}
 	}
-	got, stale := installable([]bgp.LearnedRoute{
-		lr("10.244.1.0/26", "10.0.0.2", false),   // a pod block of a node
-		lr("10.244.2.7/32", "10.0.0.2", true),    // a borrowed address, stale
-		lr("10.96.0.0/12", "10.0.0.2", false),    // a node's service CIDR: not installed
-		lr("192.0.2.0/24", "10.0.0.254", false),  // an external router's
-		lr("10.244.0.0/16", "10.0.0.254", false), // a router's copy of the pool
-	}, pools, nodes)
+	blk := func(cidr, node string) tabbyv1.IPAMBlock {
+		return tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: cidr}, Spec: tabbyv1.IPAMBlockSpec{CIDR: cidr, Affinity: "host:" + node}}
+	}
+	f, problems := bgp.NewFilters(bgp.FilterInputs{Pools: pools,
+		Nodes:  []bgp.Node{{Name: "n1", IPv4: netip.MustParsePrefix("10.0.0.1/24")}, {Name: "n2", IPv4: netip.MustParsePrefix("10.0.0.2/24")}},
+		Blocks: []tabbyv1.IPAMBlock{blk("10.244.1.0/26", "n2"), blk("10.244.2.0/26", "n2"), blk("10.244.3.0/26", "n1")}})
+	if len(problems) > 0 {
+		t.Fatal(problems)
+	}
+	peers := []bgp.Peer{{Address: netip.MustParseAddr("10.0.0.2"), Kind: bgp.KindMesh, Node: "n2"},
+		{Address: netip.MustParseAddr("10.0.0.254"), Kind: bgp.KindBGPPeer, BGPPeer: "tor"}}
+	got, stale, refused := installable([]bgp.LearnedRoute{
+		lr("10.244.1.0/26", "10.0.0.2", "10.0.0.2", false),     // a pod block of a node
+		lr("10.244.2.7/32", "10.0.0.2", "10.0.0.2", true),      // inside its block, stale
+		lr("10.96.0.0/12", "10.0.0.2", "10.0.0.2", false),      // a node's service CIDR: not installed
+		lr("192.0.2.0/24", "10.0.0.254", "10.0.0.254", false),  // an external router's
+		lr("10.244.3.0/26", "10.0.0.2", "10.0.0.2", false),     // n1's block from n2: refused
+		lr("10.244.0.0/16", "10.0.0.254", "10.0.0.254", false), // a router's copy of the pool: refused
+		lr("10.244.9.0/26", "10.0.0.9", "10.0.0.9", false),     // from no current session: left to the speaker
+	}, pools, nodes, f, peers)
 	var dsts []string
 	for _, r := range got {
 		dsts = append(dsts, r.Prefix.String())
 	}
-	if strings.Join(dsts, " ") != "10.244.1.0/26 10.244.2.7/32 192.0.2.0/24 10.244.0.0/16" || stale != 1 {
+	if strings.Join(dsts, " ") != "10.244.1.0/26 10.244.2.7/32 192.0.2.0/24 10.244.9.0/26" || stale != 1 {
 		t.Errorf("installable: %v, %d stale", dsts, stale)
+	}
+	if len(refused) != 2 || !strings.Contains(refused[0], "10.244.3.0/26") || !strings.Contains(refused[1], "inside IP pool 10.244.0.0/16") {
+		t.Errorf("refused: %q", refused)
 	}
 }
 

@@ -49,11 +49,12 @@ func nodeChanged(old, new any) bool {
 }
 
 // caches are the informers the routing loop reads: every Node, IPPool,
-// IPAMBlock, BGPConfiguration and BGPPeer. Not Secrets: tabby-node may
-// read only those granted to it by name (BGP passwords), one at a time.
+// IPAMBlock, BGPConfiguration, BGPPeer and BGPFilter. Not Secrets:
+// tabby-node may read only those granted to it by name (BGP passwords),
+// one at a time.
 type caches struct {
-	ds                                   *datastore.Client
-	nodes, pools, blocks, configs, peers cache.SharedIndexInformer
+	ds                                            *datastore.Client
+	nodes, pools, blocks, configs, peers, filters cache.SharedIndexInformer
 }
 
 func newCaches(ds *datastore.Client, onChange func()) *caches {
@@ -64,13 +65,14 @@ func newCaches(ds *datastore.Client, onChange func()) *caches {
 		blocks:  watchAll(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, onChange, nil),
 		configs: watchAll(&tabbyv1.BGPConfiguration{}, ds.BGPConfigurations, onChange, nil),
 		peers:   watchAll(&tabbyv1.BGPPeer{}, ds.BGPPeers, onChange, nil),
+		filters: watchAll(&tabbyv1.BGPFilter{}, ds.BGPFilters, onChange, nil),
 	}
 }
 
 // run starts the informers and returns once they have synced, or with
 // ctx's error. They run until ctx ends.
 func (c *caches) run(ctx context.Context) error {
-	all := []cache.SharedIndexInformer{c.nodes, c.pools, c.blocks, c.configs, c.peers}
+	all := []cache.SharedIndexInformer{c.nodes, c.pools, c.blocks, c.configs, c.peers, c.filters}
 	synced := make([]cache.InformerSynced, 0, len(all))
 	for _, inf := range all {
 		go inf.RunWithContext(ctx)
@@ -114,19 +116,21 @@ func compareNames(a, b any) int {
 
 // snapshot is one consistent-enough read of the caches.
 type snapshot struct {
-	nodes  []corev1.Node
-	pools  []tabbyv1.IPPool
-	blocks []tabbyv1.IPAMBlock
-	config tabbyv1.BGPConfigurationSpec
-	peers  []tabbyv1.BGPPeer
+	nodes   []corev1.Node
+	pools   []tabbyv1.IPPool
+	blocks  []tabbyv1.IPAMBlock
+	config  tabbyv1.BGPConfigurationSpec
+	peers   []tabbyv1.BGPPeer
+	filters []tabbyv1.BGPFilter
 }
 
 func (c *caches) snapshot() snapshot {
 	s := snapshot{
-		nodes:  listOf[corev1.Node](c.nodes),
-		pools:  listOf[tabbyv1.IPPool](c.pools),
-		blocks: listOf[tabbyv1.IPAMBlock](c.blocks),
-		peers:  listOf[tabbyv1.BGPPeer](c.peers),
+		nodes:   listOf[corev1.Node](c.nodes),
+		pools:   listOf[tabbyv1.IPPool](c.pools),
+		blocks:  listOf[tabbyv1.IPAMBlock](c.blocks),
+		peers:   listOf[tabbyv1.BGPPeer](c.peers),
+		filters: listOf[tabbyv1.BGPFilter](c.filters),
 	}
 	if o, ok, _ := c.configs.GetStore().GetByKey(tabbyv1.BGPConfigurationName); ok {
 		s.config = o.(*tabbyv1.BGPConfiguration).Spec

@@ -68,9 +68,17 @@ type Peer struct {
 	Since time.Time `json:"since"`
 	// Synced: the peer has sent all its routes (End-of-RIB).
 	Synced bool `json:"synced"`
-	// Received and Accepted count the routes the peer sent.
-	Received int `json:"received"`
-	Accepted int `json:"accepted"`
+	// Received and Accepted count the routes the peer sent; Rejected
+	// those the route filters turned away (RejectedPrefixes: some of
+	// them).
+	Received         int      `json:"received"`
+	Accepted         int      `json:"accepted"`
+	Rejected         int      `json:"rejected"`
+	RejectedPrefixes []string `json:"rejectedPrefixes,omitempty"`
+	// MaxPrefixes is the session's prefix limit; LimitTrips counts the
+	// times the session was closed for going over it.
+	MaxPrefixes uint32 `json:"maxPrefixes,omitempty"`
+	LimitTrips  int    `json:"limitTrips,omitempty"`
 	// Info says why a session is not up, or that it is being replaced.
 	Info string `json:"info,omitempty"`
 }
@@ -178,7 +186,7 @@ func (s *Status) Print(w io.Writer) {
 // PrintPeers writes the table of peers, each line starting with indent.
 func (s *Status) PrintPeers(w io.Writer, indent string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, indent+"PEER ADDRESS\tPEER TYPE\tAS\tNODE\tSTATE\tSINCE\tROUTES (RECEIVED/ACCEPTED)\tINFO")
+	fmt.Fprintln(tw, indent+"PEER ADDRESS\tPEER TYPE\tAS\tNODE\tSTATE\tSINCE\tROUTES (RECEIVED/ACCEPTED/REJECTED)\tINFO")
 	for _, p := range s.Peers {
 		since := "-"
 		if !p.Since.IsZero() {
@@ -188,10 +196,18 @@ func (s *Status) PrintPeers(w io.Writer, indent string) {
 		if p.Port != 0 && p.Port != 179 {
 			addr += ":" + strconv.Itoa(int(p.Port))
 		}
-		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%s\t%s\t%s\t%d/%d\t%s\n", indent, addr, p.Type, p.AS, orDash(p.Node), p.State, since,
-			p.Received, p.Accepted, oneLine(p.Info))
+		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%s\t%s\t%s\t%d/%d/%d\t%s\n", indent, addr, p.Type, p.AS, orDash(p.Node), p.State, since,
+			p.Received, p.Accepted, p.Rejected, oneLine(p.Info))
 	}
 	_ = tw.Flush()
+	for _, p := range s.Peers {
+		if p.Rejected > 0 {
+			fmt.Fprintf(w, "%s%s: %d routes rejected by the route filters, such as %s\n", indent, p.Address, p.Rejected, strings.Join(p.RejectedPrefixes, ", "))
+		}
+		if p.LimitTrips > 0 {
+			fmt.Fprintf(w, "%s%s: closed %d times for sending more than %d prefixes\n", indent, p.Address, p.LimitTrips, p.MaxPrefixes)
+		}
+	}
 }
 
 func orDash(s string) string {

@@ -1,0 +1,324 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	api "github.com/osrg/gobgp/v3/api"
+	"google.golang.org/protobuf/proto"
+)
+
+// The speaker's GoBGP policies: Filters (see filter.go) compiled into
+// defined sets and two global policies, one for imports and one for
+// exports, both with REJECT as their default. GoBGP applies per-peer
+// policies only to route-server clients, so the policies are global and
+// neighbor sets say which statements apply to which session: for imports
+// the session a route came from, for exports the session it goes to.
+//
+// The export policy also carries KeepOriginalNextHop: routes sent to the
+// neighbors of one set keep their next hop (a statement without a route
+// action, so evaluation goes on).
+//
+// GoBGP matches a prefix set by longest match: of the set's entries that
+// contain a prefix only the most specific is tried. Each set is therefore
+// built so that nesting cannot hide an entry (see Filters), and the lab
+// tests check that GoBGP and Filters agree on real sessions.
+const (
+	importPolicy = "tabby-import"
+	exportPolicy = "tabby-export"
+
+	setNodes       = "tabby-nodes"    // sessions with cluster nodes
+	setExternal    = "tabby-external" // sessions with external peers
+	setKeepNextHop = "tabby-keep-next-hop"
+
+	// placeholder keeps neighbor sets non-empty: GoBGP's empty neighbor
+	// set matches every neighbor.
+	placeholder = "0.0.0.0/32"
+)
+
+// installPolicies defines the policies (from empty filters) and assigns
+// them, once, at Start. Later syncs replace the sets and policies in place
+// (SetPolicies keeps the assignments, which name the policies).
+func (s *Speaker) installPolicies(ctx context.Context) error {
+	req := compilePolicies(s.filters, nil)
+	if err := s.srv.SetPolicies(ctx, req); err != nil {
+		return fmt.Errorf("defining the BGP route filters: %w", err)
+	}
+	for _, a := range []struct {
+		dir  api.PolicyDirection
+		name string
+	}{{api.PolicyDirection_IMPORT, importPolicy}, {api.PolicyDirection_EXPORT, exportPolicy}} {
+		if err := s.srv.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
+			Name: "global", Direction: a.dir, Policies: []*api.Policy{{Name: a.name}}, DefaultAction: api.RouteAction_REJECT}}); err != nil {
+			return fmt.Errorf("assigning the BGP route filter %s: %w", a.name, err)
+		}
+	}
+	s.policy = req
+	return nil
+}
+
+// syncPolicies recompiles the policies for the current filters and
+// sessions and, when they changed, replaces them and has every session
+// re-evaluate what it received (soft reset in, no message to the peer) and
+// re-send what it sends (soft reset out). Called with s.mu held.
+func (s *Speaker) syncPolicies(ctx context.Context) error {
+	peers := make([]Peer, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		peers = append(peers, ss.peer)
+	}
+	req := compilePolicies(s.filters, peers)
+	if s.policy != nil && proto.Equal(req, s.policy) {
+		return nil
+	}
+	if err := s.srv.SetPolicies(ctx, req); err != nil {
+		return fmt.Errorf("replacing the BGP route filters: %w", err)
+	}
+	s.policy = req
+	var errs []error
+	for key := range s.sessions {
+		if !s.established(ctx, key) {
+			continue
+		}
+		for _, dir := range []api.ResetPeerRequest_SoftResetDirection{api.ResetPeerRequest_IN, api.ResetPeerRequest_OUT} {
+			if err := s.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: key, Soft: true, Direction: dir}); err != nil {
+				errs = append(errs, fmt.Errorf("re-applying the route filters to %s: %w", key, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// policyBuilder collects defined sets and statements.
+type policyBuilder struct {
+	sets             []*api.DefinedSet
+	imports, exports []*api.Statement
+}
+
+func (b *policyBuilder) neighborSet(name string, addrs []netip.Addr) {
+	list := []string{placeholder}
+	for _, a := range addrs {
+		list = append(list, netip.PrefixFrom(a, a.BitLen()).String())
+	}
+	sort.Strings(list[1:])
+	b.sets = append(b.sets, &api.DefinedSet{DefinedType: api.DefinedType_NEIGHBOR, Name: name, List: list})
+}
+
+// prefixSets defines name-v4 and name-v6 from entries and returns the
+// names of the non-empty ones (GoBGP's prefix sets hold one family).
+func (b *policyBuilder) prefixSets(name string, entries []*api.Prefix) []string {
+	var names []string
+	for _, family := range []int{4, 6} {
+		var list []*api.Prefix
+		for _, e := range entries {
+			if p := netip.MustParsePrefix(e.IpPrefix); familyOf(p.Addr()) == family {
+				list = append(list, e)
+			}
+		}
+		if len(list) == 0 {
+			continue
+		}
+		sort.Slice(list, func(i, j int) bool {
+			if list[i].IpPrefix != list[j].IpPrefix {
+				return list[i].IpPrefix < list[j].IpPrefix
+			}
+			return list[i].MaskLengthMin < list[j].MaskLengthMin
+		})
+		n := fmt.Sprintf("%s-v%d", name, family)
+		b.sets = append(b.sets, &api.DefinedSet{DefinedType: api.DefinedType_PREFIX, Name: n, Prefixes: list})
+		names = append(names, n)
+	}
+	return names
+}
+
+// exact is an entry matching p only; orLonger p and anything inside it
+// at least min long.
+func exact(p netip.Prefix) *api.Prefix {
+	return &api.Prefix{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Bits())}
+}
+
+func orLonger(p netip.Prefix, min int) *api.Prefix {
+	return &api.Prefix{IpPrefix: p.String(), MaskLengthMin: uint32(max(min, p.Bits())), MaskLengthMax: uint32(p.Addr().BitLen())}
+}
+
+func stmt(name string, c *api.Conditions, action api.RouteAction) *api.Statement {
+	return &api.Statement{Name: name, Conditions: c, Actions: &api.Actions{RouteAction: action}}
+}
+
+func inNeighbors(set string) *api.MatchSet {
+	return &api.MatchSet{Type: api.MatchSet_ANY, Name: set}
+}
+
+// compilePolicies is the GoBGP form of f for the sessions peers.
+func compilePolicies(f *Filters, peers []Peer) *api.SetPoliciesRequest {
+	b := &policyBuilder{}
+	var nodes, external, keepNH []netip.Addr
+	byBGPPeer := map[string][]netip.Addr{}
+	for _, p := range peers {
+		if isNodeSession(p) {
+			nodes = append(nodes, p.Address)
+		} else {
+			external = append(external, p.Address)
+			byBGPPeer[p.BGPPeer] = append(byBGPPeer[p.BGPPeer], p.Address)
+		}
+		if p.KeepOriginalNextHop {
+			keepNH = append(keepNH, p.Address)
+		}
+	}
+	b.neighborSet(setNodes, nodes)
+	b.neighborSet(setExternal, external)
+	b.neighborSet(setKeepNextHop, keepNH)
+	// What this node originates passes GoBGP's import policy too.
+	b.imports = append(b.imports, stmt("local", &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_LOCAL}, api.RouteAction_ACCEPT))
+	b.exports = append(b.exports, &api.Statement{Name: setKeepNextHop,
+		Conditions: &api.Conditions{NeighborSet: inNeighbors(setKeepNextHop)},
+		Actions:    &api.Actions{Nexthop: &api.NexthopAction{Unchanged: true}}})
+	b.nodeImports(f, nodes)
+	b.peerRules(f, byBGPPeer)
+	b.externalDefaults(f)
+	return &api.SetPoliciesRequest{DefinedSets: b.sets, Policies: []*api.Policy{
+		{Name: importPolicy, Statements: b.imports},
+		{Name: exportPolicy, Statements: b.exports},
+	}}
+}
+
+// nodeImports: from nodes, reject what is forbidden, accept what IPAM
+// gives to the route's next hop, reject the rest.
+func (b *policyBuilder) nodeImports(f *Filters, nodes []netip.Addr) {
+	if len(nodes) == 0 {
+		return
+	}
+	var forbidden []*api.Prefix
+	for _, p := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+		forbidden = append(forbidden, exact(p))
+	}
+	for a := range f.nodeAddrs {
+		forbidden = append(forbidden, exact(netip.PrefixFrom(a, a.BitLen())))
+	}
+	for p := range f.nodeSubnets {
+		if !p.IsSingleIP() {
+			forbidden = append(forbidden, exact(p))
+		}
+	}
+	for _, s := range f.services {
+		forbidden = append(forbidden, orLonger(s, 0))
+	}
+	for _, set := range b.prefixSets("tabby-forbidden", dedupe(forbidden)) {
+		b.imports = append(b.imports, stmt("forbidden-"+set, &api.Conditions{NeighborSet: inNeighbors(setNodes),
+			PrefixSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: set}}, api.RouteAction_REJECT))
+	}
+	for _, o := range f.ownerNodes {
+		var entries []*api.Prefix
+		for _, op := range o.owned {
+			if op.block {
+				entries = append(entries, orLonger(op.prefix, 0))
+			} else {
+				entries = append(entries, exact(op.prefix))
+			}
+		}
+		var hops []string
+		for _, a := range o.addrs {
+			hops = append(hops, a.String())
+		}
+		for _, set := range b.prefixSets("tabby-node-"+o.name, dedupe(entries)) {
+			b.imports = append(b.imports, stmt("owned-"+set, &api.Conditions{NeighborSet: inNeighbors(setNodes),
+				PrefixSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: set}, NextHopInList: hops}, api.RouteAction_ACCEPT))
+		}
+	}
+	b.imports = append(b.imports, stmt("nodes-rest", &api.Conditions{NeighborSet: inNeighbors(setNodes)}, api.RouteAction_REJECT))
+}
+
+// peerRules: the BGPFilter rules of each BGPPeer with sessions here.
+func (b *policyBuilder) peerRules(f *Filters, byBGPPeer map[string][]netip.Addr) {
+	names := make([]string, 0, len(byBGPPeer))
+	for n := range byBGPPeer {
+		if _, ok := f.peers[n]; ok {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		set := "tabby-peer-" + n
+		b.neighborSet(set, byBGPPeer[n])
+		pr := f.peers[n]
+		b.imports = append(b.imports, b.rules(set, "import", pr.imports)...)
+		b.exports = append(b.exports, b.rules(set, "export", pr.exports)...)
+	}
+}
+
+func (b *policyBuilder) rules(neighbors, dir string, rules []FilterRule) []*api.Statement {
+	out := make([]*api.Statement, 0, len(rules))
+	for i, r := range rules {
+		c := &api.Conditions{NeighborSet: inNeighbors(neighbors)}
+		if !r.CIDR.IsValid() {
+			c.AfiSafiIn = []*api.Family{familyV4}
+			if r.Family == 6 {
+				c.AfiSafiIn = []*api.Family{familyV6}
+			}
+		} else {
+			entry, match := orLonger(r.CIDR, 0), api.MatchSet_ANY
+			switch r.Op {
+			case "Equal":
+				entry = exact(r.CIDR)
+			case "NotIn":
+				match = api.MatchSet_INVERT
+			}
+			name := fmt.Sprintf("%s-%s-%d", neighbors, dir, i)
+			c.PrefixSet = &api.MatchSet{Type: match, Name: b.prefixSets(name, []*api.Prefix{entry})[0]}
+		}
+		action := api.RouteAction_REJECT
+		if r.Accept {
+			action = api.RouteAction_ACCEPT
+		}
+		out = append(out, stmt(fmt.Sprintf("%s-%s-%d", neighbors, dir, i), c, action))
+	}
+	return out
+}
+
+// externalDefaults: from external peers, everything but tabby's own
+// ranges; to them, pod blocks and addresses and the service CIDRs; to
+// nodes, pod blocks and addresses.
+func (b *policyBuilder) externalDefaults(f *Filters) {
+	own := []*api.Prefix{exact(netip.MustParsePrefix("0.0.0.0/0")), exact(netip.MustParsePrefix("::/0"))}
+	var blocks, services []*api.Prefix
+	for a := range f.nodeAddrs {
+		own = append(own, exact(netip.PrefixFrom(a, a.BitLen())))
+	}
+	for _, p := range f.pools {
+		own = append(own, orLonger(p.cidr, 0))
+		blocks = append(blocks, orLonger(p.cidr, p.blockSize))
+	}
+	for _, s := range f.services {
+		own = append(own, orLonger(s, 0))
+		services = append(services, orLonger(s, 0))
+	}
+	for _, set := range b.prefixSets("tabby-own", dedupe(own)) {
+		b.imports = append(b.imports, stmt("own-"+set, &api.Conditions{NeighborSet: inNeighbors(setExternal),
+			PrefixSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: set}}, api.RouteAction_REJECT))
+	}
+	b.imports = append(b.imports, stmt("external-rest", &api.Conditions{NeighborSet: inNeighbors(setExternal)}, api.RouteAction_ACCEPT))
+	for _, set := range b.prefixSets("tabby-services", dedupe(services)) {
+		b.exports = append(b.exports, stmt("services-"+set, &api.Conditions{NeighborSet: inNeighbors(setExternal),
+			PrefixSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: set}}, api.RouteAction_ACCEPT))
+	}
+	for _, set := range b.prefixSets("tabby-blocks", dedupe(blocks)) {
+		b.exports = append(b.exports, stmt("blocks-"+set, &api.Conditions{
+			PrefixSet: &api.MatchSet{Type: api.MatchSet_ANY, Name: set}}, api.RouteAction_ACCEPT))
+	}
+}
+
+// dedupe drops repeated entries (GoBGP refuses none, but they are noise).
+func dedupe(list []*api.Prefix) []*api.Prefix {
+	seen := map[string]bool{}
+	out := list[:0]
+	for _, p := range list {
+		k := fmt.Sprintf("%s %d %d", p.IpPrefix, p.MaskLengthMin, p.MaskLengthMax)
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
