@@ -29,10 +29,20 @@ type bird struct {
 // multihop otherwise). It originates birdOrigin.
 func startBird(t *testing.T, node *labNode, as uint32, peers map[int]uint32) *bird {
 	t.Helper()
+	return startBirdRoutes(t, node, as, peers)
+}
+
+// startBirdRoutes is startBird with more prefixes BIRD originates.
+func startBirdRoutes(t *testing.T, node *labNode, as uint32, peers map[int]uint32, extra ...string) *bird {
+	t.Helper()
 	dir := t.TempDir()
 	var conf strings.Builder
 	fmt.Fprintf(&conf, "router id %s;\nlog stderr all;\nprotocol device {}\n", node.addr.Addr())
-	fmt.Fprintf(&conf, "protocol static { ipv4; route %s blackhole; }\n", birdOrigin)
+	fmt.Fprintf(&conf, "protocol static { ipv4; route %s blackhole; ", birdOrigin)
+	for _, r := range extra {
+		fmt.Fprintf(&conf, "route %s blackhole; ", r)
+	}
+	fmt.Fprintf(&conf, "}\n")
 	for i := 1; i <= 9; i++ {
 		peerAS, ok := peers[i]
 		if !ok {

@@ -2,6 +2,7 @@ package bgp
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -136,4 +137,43 @@ func TestLabBIRDGracefulRestart(t *testing.T) {
 			c.waitFor(1, 20*time.Second, fmt.Sprintf("%s>10.77.0.254@10.77.0.254", birdOrigin))
 		})
 	}
+}
+
+// TestLabBIRDHijack: BIRD, an external peer (AS 65001), announces next to
+// its own prefix a /32 inside node2's block, node2's address, the whole
+// pool, the default route and the service CIDR. node1 accepts only BIRD's
+// own prefix and node2's block from node2, and counts five rejected
+// routes on BIRD's session; a BGPFilter that accepts BIRD's default route
+// makes that one appear, and nothing else.
+func TestLabBIRDHijack(t *testing.T) {
+	needRoot(t, "bird", "birdc")
+	c := newCluster(t, 2, Config{})
+	c.spec.ServiceClusterIPs = []v1.ServiceIPBlock{{CIDR: "10.96.0.0/12"}}
+	hijacks := []string{"10.244.2.7/32", "10.77.0.2/32", "10.244.0.0/16", "0.0.0.0/0", "10.96.0.0/12"}
+	ext := startBirdRoutes(t, c.lab.node(254), 65001, map[int]uint32{1: 64512, 2: 64512}, hijacks...)
+	c.peers = []v1.BGPPeer{{ObjectMeta: metav1.ObjectMeta{Name: "upstream"}, Spec: v1.BGPPeerSpec{PeerIP: "10.77.0.254", ASNumber: 65001}}}
+	c.reconcile()
+	origin := fmt.Sprintf("%s>10.77.0.254@10.77.0.254", birdOrigin)
+	c.waitFor(1, 20*time.Second, expectRoutes(0, 2)+" "+origin)
+	eventually(t, 10*time.Second, "node1 counts BIRD's five hijacks as rejected", func() (bool, string) {
+		st := c.nodes[1].p.states()
+		return len(st) == 2 && st[1].Received == 6 && st[1].Rejected == 5 && st[1].Accepted == 1 &&
+			fmt.Sprint(st[1].RejectedPrefixes) == "[0.0.0.0/0 10.77.0.2/32 10.96.0.0/12 10.244.0.0/16 10.244.2.7/32]", fmt.Sprintf("%+v", st)
+	})
+	// What BIRD got: the nodes' blocks only, never its own routes back
+	// or anything else.
+	ext.waitRoute(blockOf(1).String(), "10.77.0.1,10.77.0.2")
+	for p := range ext.routes() {
+		if p != blockOf(1).String() && p != blockOf(2).String() && p != birdOrigin && !slices.Contains(hijacks, p) {
+			t.Errorf("BIRD learned %s from the nodes", p)
+		}
+	}
+
+	// A BGPFilter accepts BIRD's default route (a top-of-rack's).
+	c.filters = []v1.BGPFilter{{ObjectMeta: metav1.ObjectMeta{Name: "tor-default"}, Spec: v1.BGPFilterSpec{
+		ImportV4: []v1.BGPFilterRuleV4{{CIDR: "0.0.0.0/0", MatchOperator: v1.MatchEqual, Action: v1.FilterAccept}}}}}
+	c.peers[0].Spec.Filters = []string{"tor-default"}
+	c.reconcile()
+	c.waitFor(1, 20*time.Second, "0.0.0.0/0>10.77.0.254@10.77.0.254 "+expectRoutes(0, 2)+" "+origin)
+	c.waitFor(2, 20*time.Second, "0.0.0.0/0>10.77.0.254@10.77.0.254 "+expectRoutes(0, 1)+" "+origin)
 }
