@@ -90,6 +90,7 @@ func TestRoundTrip(t *testing.T) {
 		NodeMeshPassword:        &tabbyv1.SecretKeyRef{Namespace: "kube-system", Name: "bgp", Key: "mesh"},
 		NodeMeshMaxRestartTime:  dur,
 		RouteReflectorClusterID: "244.0.0.9",
+		NodeMeshMaxPrefixes:     ptr(uint32(5000)),
 	}}
 	// node and nodeSelector, peerIP and peerSelector exclude each other:
 	// two peers set every field between them.
@@ -97,6 +98,13 @@ func TestRoundTrip(t *testing.T) {
 		Node: "node-1", PeerIP: "[2001:db8::1]:1179", ASNumber: 4294967295,
 		Password:      &tabbyv1.SecretKeyRef{Namespace: "kube-system", Name: "bgp", Key: "peer"},
 		SourceAddress: "None", KeepOriginalNextHop: true, MaxRestartTime: dur,
+		Filters: []string{"rt-filter"}, MaxPrefixes: ptr(uint32(100)),
+	}}
+	filter := &tabbyv1.BGPFilter{ObjectMeta: meta("rt-filter"), Spec: tabbyv1.BGPFilterSpec{
+		ImportV4: []tabbyv1.BGPFilterRuleV4{{CIDR: "0.0.0.0/0", MatchOperator: tabbyv1.MatchEqual, Action: tabbyv1.FilterAccept}},
+		ExportV4: []tabbyv1.BGPFilterRuleV4{{CIDR: "10.0.0.0/8", MatchOperator: tabbyv1.MatchNotIn, Action: tabbyv1.FilterReject}},
+		ImportV6: []tabbyv1.BGPFilterRuleV6{{CIDR: "fd00::/8", MatchOperator: tabbyv1.MatchIn, Action: tabbyv1.FilterReject}},
+		ExportV6: []tabbyv1.BGPFilterRuleV6{{CIDR: "fd00::/8", MatchOperator: tabbyv1.MatchNotIn, Action: tabbyv1.FilterReject}, {Action: tabbyv1.FilterAccept}},
 	}}
 	peerSel := &tabbyv1.BGPPeer{ObjectMeta: meta("rt-peer-selector"), Spec: tabbyv1.BGPPeerSpec{
 		NodeSelector: selector(), PeerSelector: selector(), SourceAddress: "UseNodeIP",
@@ -109,6 +117,7 @@ func TestRoundTrip(t *testing.T) {
 	allFieldsSet(t, ipamCfg)
 	allFieldsSet(t, bgpCfg)
 	allFieldsSet(t, peerIP, peerSel)
+	allFieldsSet(t, filter)
 
 	check := func(kind string, in, created, got any, err error) {
 		t.Helper()
@@ -192,6 +201,16 @@ func TestRoundTrip(t *testing.T) {
 			t.Cleanup(func() { _ = ds.BGPPeers.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 		}
 		check("BGPPeer "+p.Name, p, c, g, err)
+	}
+
+	{
+		c, err := ds.BGPFilters.Create(ctx, filter, strict)
+		var g *tabbyv1.BGPFilter
+		if err == nil {
+			g, err = ds.BGPFilters.Get(ctx, filter.Name, metav1.GetOptions{})
+			t.Cleanup(func() { _ = ds.BGPFilters.Delete(context.Background(), filter.Name, metav1.DeleteOptions{}) })
+		}
+		check("BGPFilter", filter, c, g, err)
 	}
 
 	// Lists come back typed too.
