@@ -105,8 +105,10 @@ type GC struct {
 	met  *metrics
 	now  func() time.Time
 
-	mu   sync.Mutex // one pass at a time; guards seen
+	mu   sync.Mutex // one pass at a time; guards seen and decided
 	seen Seen
+	// decided is the time the current pass judged its candidates by.
+	decided time.Time
 
 	passes  atomic.Uint64
 	leading atomic.Bool
@@ -189,7 +191,8 @@ func (g *GC) passLocked(ctx context.Context, r reader) (PassResult, error) {
 	if err != nil {
 		return res, wrapDS(g.ds, err)
 	}
-	plan, seen := Compute(snap, g.seen, g.now(), g.cfg.Grace)
+	g.decided = g.now()
+	plan, seen := Compute(snap, g.seen, g.decided, g.cfg.Grace)
 	g.seen = seen
 	res.NextDue = plan.NextDue
 	res.Candidates = len(plan.Allocations)
@@ -294,13 +297,20 @@ func (g *GC) releaseAllocations(ctx context.Context, cands []Candidate, holders 
 				delete(g.seen, c.key())
 				res.Released++
 				g.met.releases.WithLabelValues(string(c.Reason)).Inc()
+				// To the millisecond: when it became a candidate and when
+				// this pass found it due, which tells a release on time from
+				// one a pass late whatever the API calls took since.
 				g.log.Info("released a leaked address", "ip", c.IP, "block", bp, "handle", c.Attr.HandleID,
-					"pod", podName(c.Attr), "node", c.Node(), "reason", c.Reason, "candidateSince", c.Since.Format(time.RFC3339))
+					"pod", podName(c.Attr), "node", c.Node(), "reason", c.Reason,
+					"candidateSince", c.Since.Format(logTime), "decidedAt", g.decided.Format(logTime))
 			}
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// logTime is RFC 3339 to the millisecond.
+const logTime = "2006-01-02T15:04:05.000Z07:00"
 
 func podName(a tabbyv1.AllocationAttribute) string {
 	if a.Pod == "" {
