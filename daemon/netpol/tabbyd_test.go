@@ -18,7 +18,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/test/cluster/clustertest"
@@ -107,6 +109,7 @@ func (e *e2e) conf(t *testing.T, extra map[string]any) *libcni.NetworkConfigList
 // startTabbyd runs the node's tabbyd until stop (returned) or the test's end.
 func (e *e2e) startTabbyd(t *testing.T, args ...string) (stop func()) {
 	t.Helper()
+	ensureTabbyNamespace(t)
 	d, err := e.n.StartTabbyd(waitCtx(t, time.Minute), e.tabbyd, args...)
 	if err != nil {
 		t.Fatal(err)
@@ -306,4 +309,19 @@ func (e *e2e) linkExists(t *testing.T, name string) bool {
 		return nil
 	})
 	return found
+}
+
+// ensureTabbyNamespace makes tabbyd's namespace (--namespace's default,
+// tabby-system) as deploy/ does: its heartbeat Lease lives there, and
+// /readyz fails while the heartbeat cannot renew it.
+func ensureTabbyNamespace(t *testing.T) {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(clustertest.Cluster().RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tabby-system"}}
+	if _, err := cs.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 }
