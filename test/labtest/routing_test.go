@@ -420,11 +420,20 @@ func TestBIRDTopOfRack(t *testing.T) {
 	}
 
 	// The session is signed (TCP MD5) with a password from a Secret in
-	// tabbyd's namespace, which the tabby-node role may read.
+	// tabbyd's namespace, which tabby-node may read once granted by name,
+	// with the README's two commands.
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tor-bgp", Namespace: "tabby-system"},
 		StringData: map[string]string{"password": torPassword}}
 	if _, err := l.CS.CoreV1().Secrets("tabby-system").Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"-n", "tabby-system", "create", "role", "tabby-bgp-passwords", "--verb=get", "--resource=secrets", "--resource-name=tor-bgp"},
+		{"-n", "tabby-system", "create", "rolebinding", "tabby-bgp-passwords", "--role=tabby-bgp-passwords", "--serviceaccount=tabby-system:tabby-node"},
+	} {
+		if out, code := l.Kubectl(args...); code != 0 {
+			t.Fatalf("kubectl %s: %s", strings.Join(args, " "), out)
+		}
 	}
 	peer := &tabbyv1.BGPPeer{ObjectMeta: metav1.ObjectMeta{Name: "tor"},
 		Spec: tabbyv1.BGPPeerSpec{PeerIP: tor.Addr().String(), ASNumber: tabbyv1.DefaultASNumber,
