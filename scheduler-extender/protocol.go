@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
@@ -47,13 +48,22 @@ type NodeCache interface {
 	Node(name string) (*v1.Node, bool)
 }
 
-// Handler serves POST /filter and POST /prioritize.
+// Handler serves POST /filter and POST /prioritize, and POST /bind when
+// it has Bind.
 type Handler struct {
 	Scheduler       Scheduler
 	Nodes           NodeCache // nil: NodeNames-only requests fail every node
 	MaxRequestBytes int64     // 0: DefaultMaxRequestBytes
 	Inflight        *Inflight // nil: no bound
 	Metrics         *Metrics  // nil: none
+	// Placements, when set, makes filter and prioritize wait for the
+	// placements in flight and bind count the pod before it is bound.
+	Placements Placements
+	// Bind, when set, serves POST /bind with it.
+	Bind BindFunc
+	Log  *slog.Logger // nil: slog.Default()
+
+	placementMetrics *placementMetrics // nil: none
 }
 
 // Inflight bounds the requests served at once.
@@ -98,7 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tabby_scheduler_extender_requests_total",
-			Help: "Requests from kube-scheduler by verb (filter, prioritize) and HTTP status code.",
+			Help: "Requests from kube-scheduler by verb (filter, prioritize, bind) and HTTP status code.",
 		}, []string{"verb", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tabby_scheduler_extender_request_duration_seconds",
@@ -118,10 +128,13 @@ func (m *Metrics) observe(verb string, code int, d time.Duration) {
 	m.duration.WithLabelValues(verb).Observe(d.Seconds())
 }
 
-// Register adds the two verbs to mux.
+// Register adds the verbs to mux.
 func (h *Handler) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /filter", h.ServeFilter)
 	mux.HandleFunc("POST /prioritize", h.ServePrioritize)
+	if h.Bind != nil {
+		mux.HandleFunc("POST /bind", h.ServeBind)
+	}
 }
 
 // statusWriter remembers the status code for the metrics.
@@ -169,10 +182,8 @@ func (e *requestError) Error() string { return e.msg }
 // h.Inflight, or says why it cannot; release (non-nil without an error)
 // gives the slot back once the answer is written.
 func (h *Handler) readArgs(w http.ResponseWriter, r *http.Request) (args *extenderv1.ExtenderArgs, release func(), err error) {
-	ct := r.Header.Get("Content-Type")
-	mt, _, err := mime.ParseMediaType(ct)
-	if err != nil || mt != "application/json" {
-		return nil, nil, &requestError{http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type is %q; want application/json", ct)}
+	if err := checkJSON(r); err != nil {
+		return nil, nil, err
 	}
 	// Wait for the body's first bytes before taking a slot: clients that
 	// send headers and stall hold a goroutine until ReadTimeout, not a
@@ -207,6 +218,16 @@ func (h *Handler) readArgs(w http.ResponseWriter, r *http.Request) (args *extend
 		return nil, nil, err
 	}
 	return args, release, nil
+}
+
+// checkJSON refuses a request whose body is not JSON.
+func checkJSON(r *http.Request) error {
+	ct := r.Header.Get("Content-Type")
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return &requestError{http.StatusUnsupportedMediaType, fmt.Sprintf("Content-Type is %q; want application/json", ct)}
+	}
+	return nil
 }
 
 type readCloser struct {
@@ -309,8 +330,14 @@ func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer release()
+		h.awaitPlacements(r.Context(), args.Pod)
 		nodes, unresolved := h.resolve(args)
 		res := h.Scheduler.Filter(r.Context(), args.Pod, nodes)
+		if h.Placements != nil {
+			// Recorded before the answer: kube-scheduler sends the next
+			// pod's request only after reading it.
+			h.Placements.Placing(args.Pod, len(res.Passing) > 0)
+		}
 		out := extenderv1.ExtenderFilterResult{
 			FailedNodes:                extenderv1.FailedNodesMap{},
 			FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{},
@@ -351,6 +378,7 @@ func (h *Handler) ServePrioritize(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer release()
+		h.awaitPlacements(r.Context(), args.Pod)
 		nodes, unresolved := h.resolve(args)
 		if len(unresolved) > 0 {
 			// Scoring without the Nodes would be a guess; kube-scheduler

@@ -1,6 +1,6 @@
 // Package extender is tabby's kube-scheduler HTTP extender.
 //
-// It serves POST /filter and POST /prioritize with the types of
+// It serves POST /filter, POST /prioritize and POST /bind with the types of
 // k8s.io/kube-scheduler/extender/v1, GET /healthz and GET /metrics, over
 // HTTPS when given a certificate (kube-scheduler's enableHTTPS). The
 // placement rules sit behind the Scheduler interface: a framework.Framework
@@ -46,7 +46,12 @@ type Config struct {
 	// Nodes resolves node names for nodeCacheCapable requests (nil: they
 	// are refused).
 	Nodes NodeCache
-	Log   *slog.Logger
+	// Placements makes requests wait for kube-scheduler's placements in
+	// flight and bind count a pod on its node at once (nil: neither).
+	Placements Placements
+	// Bind, when set, serves POST /bind (kube-scheduler's bindVerb).
+	Bind BindFunc
+	Log  *slog.Logger
 }
 
 // NewMux returns the extender's routes, with its metrics in reg.
@@ -56,7 +61,11 @@ func NewMux(cfg Config, reg *prometheus.Registry) *http.ServeMux {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	h := &Handler{Scheduler: sched, Nodes: cfg.Nodes, MaxRequestBytes: cfg.MaxRequestBytes,
-		Inflight: NewInflight(cfg.MaxRequestsInflight), Metrics: NewMetrics(reg)}
+		Inflight: NewInflight(cfg.MaxRequestsInflight), Metrics: NewMetrics(reg),
+		Placements: cfg.Placements, Bind: cfg.Bind, Log: cfg.Log}
+	if cfg.Placements != nil {
+		h.placementMetrics = newPlacementMetrics(reg)
+	}
 	h.Register(mux)
 	return mux
 }

@@ -10,7 +10,10 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/buildinfo"
@@ -27,6 +30,8 @@ func main() {
 		checkTabbyd  bool
 		ipv4, ipv6   bool
 		logLevelText string
+		qps          float32
+		burst        int
 	)
 	cmd := &cobra.Command{
 		Use:          "tabby-scheduler-extender",
@@ -60,7 +65,9 @@ func main() {
 			if err != nil {
 				return err
 			}
-			kube, err := kubernetes.NewForConfig(rc)
+			kc := rest.CopyConfig(rc)
+			kc.QPS, kc.Burst = qps, max(burst, int(qps))
+			kube, err := kubernetes.NewForConfig(kc)
 			if err != nil {
 				return err
 			}
@@ -74,13 +81,17 @@ func main() {
 				return err
 			}
 			cfg.Nodes = c
+			cfg.Placements = c
+			cfg.Bind = func(ctx context.Context, b *v1.Binding) error {
+				return kube.CoreV1().Pods(b.Namespace).Bind(ctx, b, metav1.CreateOptions{})
+			}
 			cfg.Scheduler = plugins.Default(c.Snapshot, &network.Plugin{Inputs: w.Inputs, Families: families})
 			cfg.Log.Info("tabby-scheduler-extender caches synced", "apiserver", rc.Host, "listen", cfg.Listen)
 			return extender.Run(ctx, cfg)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.Listen, "listen", ":8888", "address to serve POST /filter, POST /prioritize, GET /healthz and GET /metrics on")
+	f.StringVar(&cfg.Listen, "listen", ":8888", "address to serve POST /filter, POST /prioritize, POST /bind, GET /healthz and GET /metrics on")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "PEM certificate (with any intermediates) to serve HTTPS with, for kube-scheduler's enableHTTPS; needs --tls-key-file")
 	f.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "PEM private key of --tls-cert-file")
@@ -91,6 +102,8 @@ func main() {
 	f.BoolVar(&checkTabbyd, "require-tabbyd", true, "filter out nodes whose tabbyd heartbeat Lease is missing or lapsed")
 	f.BoolVar(&ipv4, "ipv4", true, "pods get an IPv4 address (as the CNI config's ipam.assign_ipv4)")
 	f.BoolVar(&ipv6, "ipv6", false, "pods get an IPv6 address (as the CNI config's ipam.assign_ipv6)")
+	f.Float32Var(&qps, "kube-api-qps", 50, "API requests a second of the Kubernetes client that watches and creates Bindings (kube-scheduler's bindVerb: one a pod; kube-scheduler's own default)")
+	f.IntVar(&burst, "kube-api-burst", 100, "burst of --kube-api-qps")
 	f.StringVar(&logLevelText, "log-level", "info", "debug, info, warn or error")
 	if err := cmd.Execute(); err != nil {
 		os.Exit(1)

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
@@ -32,6 +33,15 @@ type Cache struct {
 	pods       map[types.UID]placed
 	namespaces map[string]*v1.Namespace
 	snap       *framework.MapSnapshot // nil when an event came after it was made
+
+	// inflight holds the placements kube-scheduler may be making, assumed
+	// the pods the extender is binding or bound and the watch has not shown
+	// bound yet, with when their assumption expires (zero: binding); see
+	// assume.go.
+	inflight map[types.UID]*inflight
+	assumed  map[types.UID]time.Time
+	// podLister reads the watch's pods (nil before Start).
+	podLister corelisters.PodLister
 
 	// workloads answers for the Services, ReplicationControllers,
 	// ReplicaSets and StatefulSets pods belong to (nil before Start).
@@ -83,11 +93,15 @@ func (s snapshot) StatefulSet(namespace, name string) *appsv1.StatefulSet {
 type placed struct {
 	node string
 	info *framework.PodInfo
+	// assumed: the extender is binding it or bound it there, and the
+	// watch has not shown it bound yet.
+	assumed bool
 }
 
 // New makes an empty Cache; Start fills it from the API server.
 func New() *Cache {
-	return &Cache{nodes: map[string]*framework.NodeInfo{}, pods: map[types.UID]placed{}, namespaces: map[string]*v1.Namespace{}}
+	return &Cache{nodes: map[string]*framework.NodeInfo{}, pods: map[types.UID]placed{}, namespaces: map[string]*v1.Namespace{},
+		inflight: map[types.UID]*inflight{}, assumed: map[types.UID]time.Time{}}
 }
 
 // Start runs informers for Nodes, Pods and Namespaces (and the Services,
@@ -141,6 +155,7 @@ func (c *Cache) Start(ctx context.Context, client kubernetes.Interface) error {
 	}
 	c.mu.Lock()
 	c.workloads = w
+	c.podLister = f.Core().V1().Pods().Lister()
 	c.mu.Unlock()
 	return nil
 }
@@ -169,6 +184,7 @@ func stripManagedFields(o any) (any, error) {
 func (c *Cache) Snapshot() framework.Snapshot {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.expire(time.Now())
 	if c.snap == nil {
 		nodes := make(map[string]*framework.NodeInfo, len(c.nodes))
 		for k, v := range c.nodes {
@@ -229,7 +245,9 @@ func (c *Cache) DeleteNode(name string) {
 
 // SetPod adds or updates a pod: it counts on spec.nodeName until it is
 // Succeeded or Failed (a terminating pod still counts, as upstream's cache
-// keeps it until it is deleted).
+// keeps it until it is deleted). The watch showing a pod bound replaces
+// the extender's assumption of it; showing it not bound yet does not (the
+// watch is behind the binding).
 func (c *Cache) SetPod(p *v1.Pod) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -238,6 +256,13 @@ func (c *Cache) SetPod(p *v1.Pod) {
 		node = ""
 	}
 	old, had := c.pods[p.UID]
+	if had && old.assumed && p.Spec.NodeName == "" && !framework.Terminal(p) {
+		return
+	}
+	if node != "" || framework.Terminal(p) {
+		c.settle(p.UID)
+	}
+	delete(c.assumed, p.UID)
 	if had {
 		c.remove(old.node, p.UID)
 	}
@@ -252,23 +277,31 @@ func (c *Cache) SetPod(p *v1.Pod) {
 		} else {
 			info = framework.NewPodInfo(p)
 		}
-		c.pods[p.UID] = placed{node: node, info: info}
-		ni := &framework.NodeInfo{}
-		if cur := c.nodes[node]; cur != nil {
-			ni = copyNodeInfo(cur)
-		}
-		ni.AddPod(info)
-		c.nodes[node] = ni
+		c.place(p, node, info, false)
 	}
 	if had || node != "" {
 		c.snap = nil
 	}
 }
 
-// DeletePod forgets a pod.
+// place counts a pod on node; c.mu is held.
+func (c *Cache) place(p *v1.Pod, node string, info *framework.PodInfo, assumed bool) {
+	c.pods[p.UID] = placed{node: node, info: info, assumed: assumed}
+	ni := &framework.NodeInfo{}
+	if cur := c.nodes[node]; cur != nil {
+		ni = copyNodeInfo(cur)
+	}
+	ni.AddPod(info)
+	c.nodes[node] = ni
+	c.snap = nil
+}
+
+// DeletePod forgets a pod, assumed or not.
 func (c *Cache) DeletePod(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.settle(uid)
+	delete(c.assumed, uid)
 	if old, ok := c.pods[uid]; ok {
 		c.remove(old.node, uid)
 		delete(c.pods, uid)

@@ -25,6 +25,7 @@ type Extender struct {
 	URLPrefix        string `json:"urlPrefix"`
 	FilterVerb       string `json:"filterVerb,omitempty"`
 	PrioritizeVerb   string `json:"prioritizeVerb,omitempty"`
+	BindVerb         string `json:"bindVerb,omitempty"`
 	Weight           int64  `json:"weight,omitempty"`
 	NodeCacheCapable bool   `json:"nodeCacheCapable,omitempty"`
 	EnableHTTPS      bool   `json:"enableHTTPS,omitempty"`

@@ -259,7 +259,7 @@ func TestNetwork(t *testing.T) {
 // TestExtenderManifest applies deploy/scheduler's manifests to the real
 // API server: every object must be valid as users get it, the static pod
 // too (server-side dry run), and rbac.yaml lets both identities the
-// extender runs as read what it reads. (The scheduler configuration next
+// extender runs as read what it reads and bind pods. (The scheduler configuration next
 // to them is what TestMain started kube-scheduler with.)
 func TestExtenderManifest(t *testing.T) {
 	fixture(t)
@@ -325,6 +325,8 @@ func TestExtenderManifest(t *testing.T) {
 		for _, ra := range []authorizationv1.ResourceAttributes{
 			{Verb: "watch", Group: "tabby.io", Resource: "ipamblocks"},
 			{Verb: "list", Group: "coordination.k8s.io", Resource: "leases", Namespace: "tabby-system"},
+			// kube-scheduler-config.yaml's bindVerb.
+			{Verb: "create", Resource: "pods", Subresource: "binding", Namespace: "default"},
 		} {
 			sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user.name, Groups: user.groups, ResourceAttributes: &ra}}
 			res, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
@@ -332,7 +334,7 @@ func TestExtenderManifest(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !res.Status.Allowed {
-				t.Errorf("%s may not %s %s: %s", user.name, ra.Verb, ra.Resource, res.Status.Reason)
+				t.Errorf("%s may not %s %s%s: %s", user.name, ra.Verb, ra.Resource, "/"+ra.Subresource, res.Status.Reason)
 			}
 		}
 	}
