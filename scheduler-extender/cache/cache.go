@@ -1,7 +1,8 @@
 // Package cache is tabby-scheduler-extender's view of the cluster: Nodes,
 // the Pods bound to them and Namespaces from client-go informers, kept as
 // framework.NodeInfos that each request reads as a consistent Snapshot. A
-// pod counts on its node as soon as the watch shows it bound.
+// pod counts on its node from when the extender is asked to bind it there
+// (assumed, see assume.go), or else as soon as the watch shows it bound.
 package cache
 
 import (

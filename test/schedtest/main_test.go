@@ -62,7 +62,9 @@ func setup(c *cluster.Cluster) error {
 		return err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	extenderBin, extenderArgs = bin, []string{"--kubeconfig", kubeconfig, "--listen", addr, "--tabbyd-namespace", "tabby-system"}
+	// The extender binds (bindVerb): its client gets the scheduler's rate.
+	extenderBin, extenderArgs = bin, []string{"--kubeconfig", kubeconfig, "--listen", addr, "--tabbyd-namespace", "tabby-system",
+		"--kube-api-qps", strconv.Itoa(benchQPS)}
 	extenderURL = "http://" + addr
 	if err := startExtender(ctx, c); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -334,7 +335,7 @@ func TestExtenderManifest(t *testing.T) {
 				t.Fatal(err)
 			}
 			if !res.Status.Allowed {
-				t.Errorf("%s may not %s %s%s: %s", user.name, ra.Verb, ra.Resource, "/"+ra.Subresource, res.Status.Reason)
+				t.Errorf("%s may not %s %s: %s", user.name, ra.Verb, strings.TrimSuffix(ra.Resource+"/"+ra.Subresource, "/"), res.Status.Reason)
 			}
 		}
 	}
