@@ -50,7 +50,7 @@ upstream: controlplane
 ## real-kernel and CNI end-to-end tests, the lab's real clusters, and a
 ## subset of Kubernetes' own network e2e specs against one (TestUpstreamE2E)
 test: deps build controlplane runtime upstream vet
-	@echo "==> go test ./... (lab tests bring up real clusters and run Kubernetes' e2e subset: about 20 minutes)"
+	@echo "==> go test ./... (lab tests bring up real clusters and run Kubernetes' e2e subset: about 25 minutes on 2 cores)"
 	$(UPSTREAMENV) go test $(GOTEST_FLAGS) ./...
 
 ## e2e: the end-to-end suites only

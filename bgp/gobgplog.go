@@ -22,10 +22,13 @@ type gobgpLogger struct {
 	mu      sync.Mutex
 	details map[string]string // by neighbor address
 	trips   map[string]int    // prefix-limit closures, by neighbor address
+	// limited are the peers whose session was last closed for the prefix
+	// limit (until it is up again), by neighbor address.
+	limited map[string]bool
 }
 
 func newGobgpLogger(l *slog.Logger) *gobgpLogger {
-	return &gobgpLogger{log: l.With("component", "gobgp"), details: map[string]string{}, trips: map[string]int{}}
+	return &gobgpLogger{log: l.With("component", "gobgp"), details: map[string]string{}, trips: map[string]int{}, limited: map[string]bool{}}
 }
 
 // detail is the last problem logged for a peer, "" for none.
@@ -42,6 +45,7 @@ func (g *gobgpLogger) emit(level slog.Level, msg string, fields gobgplog.Fields)
 		if _, warning := fields["Pct"]; msg == "prefix limit reached" && !warning {
 			g.mu.Lock()
 			g.trips[key]++
+			g.limited[key] = true
 			g.mu.Unlock()
 			if g.onLimit != nil {
 				g.onLimit(key, fmt.Sprint(fields["Family"]))
@@ -52,6 +56,9 @@ func (g *gobgpLogger) emit(level slog.Level, msg string, fields gobgplog.Fields)
 			g.remember(key, fmt.Sprintf("session went down: %v", fields["Reason"]))
 		case msg == "Peer Up":
 			g.remember(key, "")
+			g.mu.Lock()
+			delete(g.limited, key)
+			g.mu.Unlock()
 		case level >= slog.LevelWarn:
 			g.remember(key, msg+describeFields(fields))
 		}
@@ -71,6 +78,14 @@ func (g *gobgpLogger) limitTrips(addr string) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.trips[addr]
+}
+
+// overLimit says the peer's session was last closed for sending more
+// prefixes than its limit and has not come up since.
+func (g *gobgpLogger) overLimit(addr string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.limited[addr]
 }
 
 func (g *gobgpLogger) remember(addr, detail string) {

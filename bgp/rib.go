@@ -28,10 +28,20 @@ func (s *Speaker) scanRIB(ctx context.Context) (rib, error) {
 				bad = fmt.Errorf("GoBGP returned prefix %q: %w", d.Prefix, err)
 				return
 			}
+			// GoBGP lists a prefix's paths best first. A stale path of a
+			// peer closed for its prefix limit is not taken: with graceful
+			// restart GoBGP retains what a flooding peer sent for its
+			// restart time, which must not reach the kernel; the next
+			// path, if any, is the best then.
+			bestSkipped := false
 			for _, p := range d.Paths {
 				peer, err := netip.ParseAddr(p.NeighborIp)
 				if err != nil || peer.IsUnspecified() || p.IsWithdraw {
 					continue // originated here
+				}
+				if p.Stale && s.glog.overLimit(p.NeighborIp) {
+					bestSkipped = bestSkipped || p.Best
+					continue
 				}
 				nh, err := nextHopOf(p)
 				if err != nil {
@@ -39,7 +49,7 @@ func (s *Speaker) scanRIB(ctx context.Context) (rib, error) {
 					continue
 				}
 				lr := LearnedRoute{Route: Route{Prefix: pfx, NextHop: nh}, Peer: peer.Unmap(), Stale: p.Stale}
-				if p.Best {
+				if _, ok := r.best[pfx]; !ok && (p.Best || bestSkipped) {
 					r.best[pfx] = lr
 				}
 				if !p.Stale {
