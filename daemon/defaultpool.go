@@ -51,7 +51,8 @@ func DefaultPoolSpec(cidr string, blockSize int, encapsulation string) (*tabbyv1
 // apply (a custom resource in the same apply as its CRD is refused, the
 // CRD not being served yet), and a cluster whose pools someone made is
 // left alone. Every tabbyd tries; the first create wins. It retries while
-// the API server does not answer, until ctx ends.
+// the API server does not answer or its admission refuses the pool, until
+// ctx ends.
 func ensureDefaultPool(ctx context.Context, ds *datastore.Client, spec tabbyv1.IPPoolSpec, log *slog.Logger) {
 	backoff := 500 * time.Millisecond
 	for {
@@ -89,11 +90,15 @@ func createDefaultPool(ctx context.Context, ds *datastore.Client, spec tabbyv1.I
 	case apierrors.IsAlreadyExists(err):
 		return true, nil
 	case apierrors.IsInvalid(err):
-		// The admission policies refused it (it overlaps a pool made a
-		// moment ago): nothing to retry. (Forbidden is retried: the API
-		// server answers so for a moment while it starts.)
-		log.Error("the default IPPool was refused; create an IPPool yourself", "pool", DefaultPoolName, "cidr", spec.CIDR, "error", err)
-		return true, err
+		// Refused by admission. Either a pool was made a moment ago
+		// (the overlap policy), which the next List sees, or the API
+		// server's ValidatingAdmissionPolicies are not ready yet: right
+		// after the CRDs and policies are applied, or after a restart,
+		// a policy whose paramKind it has not discovered refuses every
+		// write as Invalid ("failed to find resource referenced by
+		// paramKind") for a few seconds. The spec passed Validate, so
+		// try again.
+		return false, fmt.Errorf("refused by the API server (an admission policy that is not ready yet, or a pool made meanwhile): %w", err)
 	}
 	return false, err
 }

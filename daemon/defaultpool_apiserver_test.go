@@ -1,0 +1,167 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/test/cluster"
+)
+
+// syncBuffer is a log sink the test reads while tabbyd's goroutine writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDefaultPoolAfterRefusal: when the API server's admission refuses the
+// default pool (as tabby's own IPPool policies do for a few seconds after
+// deploy/tabby.yaml is applied, their paramKind not yet discovered),
+// tabbyd tries again and creates it once admission lets it through. A
+// tabbyd that gave up left a lab with no pool and every node NotReady.
+func TestDefaultPoolAfterRefusal(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPING: a real control plane needs root (make test runs it as root)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c, err := cluster.Start(ctx, cluster.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	if err := c.InstallCRDs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := datastore.New(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A policy that refuses the default pool, as a not-yet-ready one does
+	// (a validation failure is Invalid, 422).
+	const policy = "test-refuse-default-pool"
+	fail := admissionv1.Fail
+	vap := &admissionv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: policy},
+		Spec: admissionv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionv1.MatchResources{ResourceRules: []admissionv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionv1.RuleWithOperations{
+					Operations: []admissionv1.OperationType{admissionv1.Create},
+					Rule:       admissionv1.Rule{APIGroups: []string{tabbyv1.GroupName}, APIVersions: []string{"*"}, Resources: []string{"ippools"}},
+				},
+			}}},
+			Validations: []admissionv1.Validation{{Expression: "object.metadata.name != '" + DefaultPoolName + "'", Message: "refused by the test"}},
+		},
+	}
+	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, vap, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &admissionv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy},
+		Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        policy,
+			ValidationActions: []admissionv1.ValidationAction{admissionv1.Deny},
+		},
+	}
+	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	spec, err := DefaultPoolSpec("10.244.0.0/16", 0, "VXLANCrossSubnet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: DefaultPoolName}, Spec: *spec}
+	for {
+		_, err := ds.IPPools.Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if apierrors.IsInvalid(err) && strings.Contains(err.Error(), policy) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the test's policy is not enforced: last answer %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ensureDefaultPool(ctx, ds, *spec, log)
+	}()
+	// Refused twice (so it did not give up after the first), and no pool.
+	for strings.Count(logs.String(), "refused by the test") < 2 {
+		select {
+		case <-done:
+			t.Fatalf("tabbyd gave up on the default pool while admission refused it:\n%s", logs.String())
+		case <-ctx.Done():
+			t.Fatalf("no refusal logged:\n%s", logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if _, err := ds.IPPools.Get(ctx, DefaultPoolName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the default pool while admission refuses it: %v, want NotFound", err)
+	}
+	lifted := time.Now()
+	if err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, policy, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("no default pool after admission stopped refusing it:\n%s", logs.String())
+	}
+	got, err := ds.IPPools.Get(ctx, DefaultPoolName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("ensureDefaultPool returned, but: %v\n%s", err, logs.String())
+	}
+	if got.Spec.CIDR != spec.CIDR || got.Spec.VXLANMode != tabbyv1.EncapCrossSubnet {
+		t.Errorf("the default pool is %+v, want %+v", got.Spec, *spec)
+	}
+	t.Logf("created %v after the refusing binding was deleted", time.Since(lifted).Round(time.Millisecond))
+
+	// With a pool in the cluster, another tabbyd makes none.
+	other := *spec
+	other.CIDR = "10.245.0.0/16"
+	if err := ds.IPPools.Delete(ctx, DefaultPoolName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mine := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "users-pool"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.246.0.0/16"}}
+	if _, err := ds.IPPools.Create(ctx, mine, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ensureDefaultPool(ctx, ds, other, log)
+	if _, err := ds.IPPools.Get(ctx, DefaultPoolName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a default pool next to the user's: %v, want NotFound", err)
+	}
+}
