@@ -206,7 +206,12 @@ func running(p ProcReport) string {
 }
 
 // Print writes the report for people.
-func (r *Report) Print(w io.Writer) {
+func (r *Report) Print(w io.Writer) { r.Write(w, false) }
+
+// Write is Print, with wide the columns Print leaves out: each node's
+// subnet and runtime, /readyz in full, the peers' wide columns (see
+// nodestatus.WritePeers).
+func (r *Report) Write(w io.Writer, wide bool) {
 	state := "up"
 	if !r.Ready {
 		state = "NOT READY (lab up did not finish)"
@@ -227,13 +232,23 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tNAMESPACE\tADDRESS\tCONTAINERD\tKUBELET\tTABBY-NODE POD\tNODE READY\tTABBYD /READYZ\tPODS")
+	fmt.Fprint(tw, "NODE\tNAMESPACE\tADDRESS")
+	if wide {
+		fmt.Fprint(tw, "\tSUBNET\tRUNTIME")
+	}
+	fmt.Fprintln(tw, "\tCONTAINERD\tKUBELET\tTABBY-NODE POD\tNODE READY\tTABBYD /READYZ\tPODS")
 	for _, n := range r.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", n.Name, n.NetNS, n.Address, running(n.Containerd), running(n.Kubelet),
-			orDefault(n.Tabbyd, "-"), orDefault(n.Ready, "?"), oneLine(n.Readyz), n.Pods)
+		readyz := oneLine(n.Readyz)
+		fmt.Fprintf(tw, "%s\t%s\t%s", n.Name, n.NetNS, n.Address)
+		if wide {
+			readyz = strings.Join(strings.Fields(n.Readyz), " ")
+			fmt.Fprintf(tw, "\t%d\t%s", n.Subnet, orDefault(n.Runtime, "-"))
+		}
+		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t%s\t%d\n", running(n.Containerd), running(n.Kubelet),
+			orDefault(n.Tabbyd, "-"), orDefault(n.Ready, "?"), readyz, n.Pods)
 	}
 	_ = tw.Flush()
-	r.printBGP(w)
+	r.printBGP(w, wide)
 	if len(r.Pods) == 0 {
 		return
 	}
@@ -255,7 +270,7 @@ func oneLine(s string) string {
 }
 
 // printBGP writes each node's BGP peers (tabbyd's /status).
-func (r *Report) printBGP(w io.Writer) {
+func (r *Report) printBGP(w io.Writer, wide bool) {
 	for _, n := range r.Nodes {
 		fmt.Fprintln(w)
 		if n.BGP == nil {
@@ -266,7 +281,7 @@ func (r *Report) printBGP(w io.Writer) {
 		fmt.Fprintf(w, "%s: AS %d, %d BGP peer(s), %d routes programmed, %d learned, %d advertised\n",
 			n.Name, n.BGP.AS, len(n.BGP.Peers), rt.Programmed, rt.Learned, rt.Advertised)
 		if len(n.BGP.Peers) > 0 {
-			n.BGP.PrintPeers(w, "  ")
+			n.BGP.WritePeers(w, "  ", wide)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,19 +18,10 @@ func init() { subcommands = append(subcommands, newIPAMCommand) }
 
 // ipamFlags are the flags every ipam command shares.
 type ipamFlags struct {
-	output  string
+	kube    kubeFlags
+	output  outputFormat
 	timeout time.Duration
 	grace   time.Duration
-}
-
-func (f *ipamFlags) json() (bool, error) {
-	switch f.output {
-	case "table", "":
-		return false, nil
-	case "json":
-		return true, nil
-	}
-	return false, fmt.Errorf("--output (-o) must be table or json, not %q", f.output)
 }
 
 func (f *ipamFlags) options() inspect.Options {
@@ -42,15 +32,13 @@ func (f *ipamFlags) options() inspect.Options {
 	return inspect.Options{Grace: g}
 }
 
-// load reads the snapshot through the kubeconfig the root command's
-// --kubeconfig names (else in-cluster, else $KUBECONFIG).
+// load reads the snapshot from the API server --kubeconfig and --context
+// name (as kubectl finds it).
 func (f *ipamFlags) load(cmd *cobra.Command) (context.Context, context.CancelFunc, *datastore.Client, *inspect.Snapshot, error) {
-	kubeconfig, _ := cmd.Flags().GetString("kubeconfig")
-	cfg, err := datastore.LoadConfig(kubeconfig)
+	cfg, err := f.kube.restConfig()
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	cfg.UserAgent = "tabbyctl"
 	ds, err := datastore.New(cfg)
 	if err != nil {
 		return nil, nil, nil, nil, err
@@ -62,12 +50,6 @@ func (f *ipamFlags) load(cmd *cobra.Command) (context.Context, context.CancelFun
 		return nil, nil, nil, nil, err
 	}
 	return ctx, cancel, ds, s, nil
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 func parseIP(s string) (netip.Addr, error) {
@@ -93,10 +75,13 @@ snapshot, and
                                      blocks and affinities that disagree; exits 1 on problems
   tabbyctl ipam release --ip X       free a leaked address (refuses one a live pod holds)
 
--o json prints the same as JSON for scripts. The API server comes from
---kubeconfig, else the in-cluster service account, else $KUBECONFIG.`,
+-o wide adds columns; -o json and -o yaml print the whole report for
+scripts. The API server comes from --kubeconfig and --context as kubectl
+finds it: --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else the
+in-cluster service account.`,
 	}
-	cmd.PersistentFlags().StringVarP(&f.output, "output", "o", "table", "output format: table or json")
+	addKubeFlags(cmd, &f.kube)
+	addOutputFlag(cmd, &f.output, true, false)
 	cmd.PersistentFlags().DurationVar(&f.timeout, "timeout", 60*time.Second, "bound on the whole command's work with the API server")
 	cmd.PersistentFlags().DurationVar(&f.grace, "grace", inspect.DefaultGrace,
 		"an allocation this young whose live pod shows other addresses is pending (a sandbox being replaced), not leaked; 0 for none")
@@ -121,11 +106,8 @@ other-addresses, finished, missing, node, replaced or node-gone), the live
 pods whose status lists it, and what tabbyctl ipam check says about it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := f.json()
-			if err != nil {
-				return err
-			}
 			var ip netip.Addr
+			var err error
 			if ipFlag != "" {
 				if ip, err = parseIP(ipFlag); err != nil {
 					return err
@@ -139,16 +121,10 @@ pods whose status lists it, and what tabbyctl ipam check says about it.`,
 			out := cmd.OutOrStdout()
 			if ipFlag != "" {
 				r := inspect.ShowIP(s, ip, f.options())
-				if asJSON {
-					return writeJSON(out, r)
-				}
-				return r.WriteTable(out)
+				return printOutput(out, f.output, r, r.Write)
 			}
 			r := inspect.Show(s)
-			if asJSON {
-				return writeJSON(out, r)
-			}
-			return r.WriteTable(out)
+			return printOutput(out, f.output, r, r.Write)
 		},
 	}
 	cmd.Flags().StringVar(&ipFlag, "ip", "", "show who holds this address")
@@ -182,13 +158,10 @@ between CNI ADD and the kubelet's status update, or a claim in progress;
 handle-missing) do not count as problems. When the first look finds a
 problem, check looks again after --confirm and reports only the problems
 found both times (an ADD or DEL caught half way is not one). It exits 0
-when there is no problem, 1 when there is one (or the check could not run).`,
+when there is no problem, 1 when there is one, 2 when the check could not
+run (the API server unreachable, for one).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := f.json()
-			if err != nil {
-				return err
-			}
 			ctx, cancel, ds, s, err := f.load(cmd)
 			if err != nil {
 				return err
@@ -209,20 +182,14 @@ when there is no problem, 1 when there is one (or the check could not run).`,
 				}
 				r = inspect.Confirm(r, inspect.Check(s, f.options()))
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				err = writeJSON(out, r)
-			} else {
-				err = r.WriteTable(out)
-			}
-			if err != nil {
+			if err := printOutput(cmd.OutOrStdout(), f.output, r, r.Write); err != nil {
 				return err
 			}
 			if !r.OK {
 				if r.Problems == 1 {
-					return errors.New("ipam check found 1 problem")
+					return problem("ipam check found 1 problem")
 				}
-				return fmt.Errorf("ipam check found %d problems", r.Problems)
+				return problem("ipam check found %d problems", r.Problems)
 			}
 			return nil
 		},
@@ -249,18 +216,17 @@ allocation it saw (handle and sequence number): if the address was freed
 and handed out again meanwhile, it is left alone and release fails. The
 address is taken off its IPAMHandle too. An address that is free already
 is reported and counts as success. It exits 1 when any address was
-refused or could not be released.`,
+refused or could not be released. -o json and -o yaml print a result per
+address; table and wide print a line per address.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := f.json()
-			if err != nil {
-				return err
-			}
+			structured := f.output == "json" || f.output == "yaml"
 			if len(ips) == 0 {
 				return errors.New("name the address to release with --ip (tabbyctl ipam check lists leaked ones)")
 			}
 			addrs := make([]netip.Addr, len(ips))
 			for i, s := range ips {
+				var err error
 				if addrs[i], err = parseIP(s); err != nil {
 					return err
 				}
@@ -280,23 +246,23 @@ refused or could not be released.`,
 				}
 				results = append(results, r)
 				switch {
-				case asJSON:
+				case structured:
 				case r.Error != "" && len(addrs) > 1:
 					fmt.Fprintf(cmd.ErrOrStderr(), "tabbyctl: %s\n", r.Error)
 				case r.Error == "":
 					printRelease(out, r)
 				}
 			}
-			if asJSON {
-				if err := writeJSON(out, results); err != nil {
+			if structured {
+				if err := printOutput(out, f.output, results, nil); err != nil {
 					return err
 				}
 			}
 			if failed > 0 {
 				if len(addrs) == 1 {
-					return errors.New(results[0].Error)
+					return problem("%s", results[0].Error)
 				}
-				return fmt.Errorf("%d of %d addresses were not released", failed, len(addrs))
+				return problem("%d of %d addresses were not released", failed, len(addrs))
 			}
 			return nil
 		},

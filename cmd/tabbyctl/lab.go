@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -189,27 +188,28 @@ func labDownCommand(dir *string) *cobra.Command {
 }
 
 func labStatusCommand(dir *string) *cobra.Command {
-	var asJSON bool
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "the lab's nodes, addresses, processes, scheduler extender, tabbyd readiness and pods",
-		Args:  cobra.NoArgs,
+		Long: `status prints the lab's processes, its nodes (namespace, address, containerd,
+kubelet, tabby-node pod, readiness), each node's BGP peers and the pods.
+-o wide adds each node's subnet and runtime and the peers' wide columns of
+tabbyctl node status; -o json and -o yaml print the whole report.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := lab.Load(*dir)
 			if err != nil {
 				return err
 			}
 			r := lab.Inspect(cmd.Context(), st)
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(r)
-			}
-			r.Print(cmd.OutOrStdout())
-			return nil
+			return printOutput(cmd.OutOrStdout(), output, r, func(w io.Writer, wide bool) error {
+				r.Write(w, wide)
+				return nil
+			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	addOutputFlag(cmd, &output, false, true)
 	return cmd
 }
 

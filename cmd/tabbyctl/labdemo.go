@@ -53,7 +53,13 @@ expected.`,
 					return err
 				}
 			}
-			return lab.Demo(ctx, st, lab.DemoOptions{PodsPerNode: perNode, Out: out})
+			// The lab is up: what goes wrong now is what the demo found.
+			if err := lab.Demo(ctx, st, lab.DemoOptions{PodsPerNode: perNode, Out: out}); err != nil && ctx.Err() == nil {
+				return problemError{err}
+			} else if err != nil {
+				return err
+			}
+			return nil
 		},
 	}
 	addUpFlags(cmd, &o, &repo)

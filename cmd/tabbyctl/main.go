@@ -1,25 +1,54 @@
 // Command tabbyctl is tabby's command line: IPAM inspection, node status, the
-// CNI installer the DaemonSet runs, and the local lab.
+// CNI installer the DaemonSet runs, and the local lab. Installed as
+// kubectl-tabby it is the kubectl plugin `kubectl tabby`.
 package main
 
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/internal/buildinfo"
 )
 
+// pluginName is the name kubectl finds a plugin for `kubectl tabby` by.
+const pluginName = "kubectl-tabby"
+
 func main() {
+	root := newRootCommand(filepath.Base(os.Args[0]))
+	err := root.Execute()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", root.DisplayName(), err)
+	}
+	os.Exit(exitCode(err))
+}
+
+// newRootCommand is tabbyctl, named as kubectl names its plugins when the
+// binary was invoked as kubectl-tabby.
+func newRootCommand(argv0 string) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "tabbyctl",
-		Short:         "tabby's command line: IPAM, node status, install-cni and the local lab",
+		Use:   "tabbyctl",
+		Short: "tabby's command line: IPAM, node status, install-cni and the local lab",
+		Long: `tabbyctl is tabby's command line: IPAM, node status, install-cni and the
+local lab. Installed as kubectl-tabby on the PATH it is also the kubectl
+plugin ` + "`kubectl tabby`" + `, taking kubectl's --kubeconfig and --context.
+
+` + exitCodesHelp,
 		Version:       buildinfo.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().String("kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
+	// A bad flag or -o value says where the usage is (exit 2, as any error
+	// that is not a problem found).
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%w (see %s --help)", err, c.CommandPath())
+	})
+	if strings.TrimSuffix(argv0, ".exe") == pluginName {
+		root.Annotations = map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl tabby"}
+	}
 	root.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "print tabbyctl's version",
@@ -29,10 +58,7 @@ func main() {
 	for _, add := range subcommands {
 		root.AddCommand(add())
 	}
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "tabbyctl:", err)
-		os.Exit(1)
-	}
+	return root
 }
 
 // subcommands are registered by the files of this package.

@@ -2,8 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
+	"io"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,7 +23,7 @@ func newNodeCommand() *cobra.Command {
 
 func nodeStatusCommand() *cobra.Command {
 	var endpoint string
-	var asJSON bool
+	var output outputFormat
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -34,7 +33,10 @@ for its BGP sessions and routes, and prints a table of the peers: address,
 why the session exists (node-mesh, route-reflector, route-reflector-client,
 bgppeer/NAME), AS, state, since when, and routes received and accepted.
 It exits with status 1 when tabbyd is not ready (a session is not
-Established, or programming the kernel failed).
+Established, or programming the kernel failed), 2 when tabbyd cannot be
+asked. -o wide adds whether each peer sent End-of-RIB, its prefix limit,
+the last programming of the kernel and any warnings; -o json and -o yaml
+print tabbyd's whole status.
 
 In the lab, run it inside a node:
   ip netns exec tabby-lab-node1 tabbyctl node status`,
@@ -46,23 +48,21 @@ In the lab, run it inside a node:
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(st); err != nil {
-					return err
-				}
-			} else {
-				st.Print(cmd.OutOrStdout())
+			err = printOutput(cmd.OutOrStdout(), output, st, func(w io.Writer, wide bool) error {
+				st.Write(w, wide)
+				return nil
+			})
+			if err != nil {
+				return err
 			}
 			if !st.Ready {
-				return fmt.Errorf("tabbyd on %s is not ready", st.Node)
+				return problem("tabbyd on %s is not ready", st.Node)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&endpoint, "endpoint", "127.0.0.1:9099", "tabbyd's health and status address (its --health-listen)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print tabbyd's status as JSON")
+	addOutputFlag(cmd, &output, false, true)
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for tabbyd")
 	return cmd
 }

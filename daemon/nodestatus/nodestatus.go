@@ -150,7 +150,11 @@ func Fetch(ctx context.Context, hc *http.Client, endpoint string) (*Status, erro
 
 // Print writes the status for people, in the manner of calicoctl node
 // status: a line about the node, then a table of its peers.
-func (s *Status) Print(w io.Writer) {
+func (s *Status) Print(w io.Writer) { s.Write(w, false) }
+
+// Write is Print, with wide the peer columns Print leaves out (see
+// WritePeers) and the last apply's duration and changes.
+func (s *Status) Write(w io.Writer, wide bool) {
 	ready := "ready"
 	if !s.Ready {
 		ready = "NOT READY: " + strings.Join(s.NotReady, "; ")
@@ -170,6 +174,14 @@ func (s *Status) Print(w io.Writer) {
 	fmt.Fprintln(w, ".")
 	if s.LastApply.Error != "" {
 		fmt.Fprintf(w, "Last apply (%s) failed: %s\n", s.LastApply.Time.Local().Format(time.TimeOnly), s.LastApply.Error)
+	} else if wide && !s.LastApply.Time.IsZero() {
+		fmt.Fprintf(w, "Last apply %s: %d changes in %v; %d reconciles since start.\n",
+			s.LastApply.Time.Local().Format(time.RFC3339), s.LastApply.Changes, s.LastApply.Duration, s.Reconciles)
+	}
+	if wide {
+		for _, warn := range s.Warnings {
+			fmt.Fprintf(w, "Warning: %s\n", warn)
+		}
 	}
 	if s.Restart != "" {
 		fmt.Fprintf(w, "Restart: %s\n", s.Restart)
@@ -180,24 +192,42 @@ func (s *Status) Print(w io.Writer) {
 		return
 	}
 	fmt.Fprintln(w, "BGP peers")
-	s.PrintPeers(w, "")
+	s.WritePeers(w, "", wide)
 }
 
 // PrintPeers writes the table of peers, each line starting with indent.
-func (s *Status) PrintPeers(w io.Writer, indent string) {
+func (s *Status) PrintPeers(w io.Writer, indent string) { s.WritePeers(w, indent, false) }
+
+// WritePeers is PrintPeers, with wide the columns it leaves out: whether
+// the peer sent End-of-RIB, its prefix limit and trips, the date of SINCE,
+// and INFO in full.
+func (s *Status) WritePeers(w io.Writer, indent string, wide bool) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, indent+"PEER ADDRESS\tPEER TYPE\tAS\tNODE\tSTATE\tSINCE\tROUTES (RECEIVED/ACCEPTED/REJECTED)\tINFO")
+	fmt.Fprint(tw, indent+"PEER ADDRESS\tPEER TYPE\tAS\tNODE\tSTATE\tSINCE\tROUTES (RECEIVED/ACCEPTED/REJECTED)")
+	if wide {
+		fmt.Fprint(tw, "\tSYNCED\tMAX PREFIXES\tLIMIT TRIPS")
+	}
+	fmt.Fprintln(tw, "\tINFO")
 	for _, p := range s.Peers {
-		since := "-"
-		if !p.Since.IsZero() {
+		since, info := "-", oneLine(p.Info)
+		if wide {
+			info = strings.Join(strings.Fields(p.Info), " ")
+		}
+		if !p.Since.IsZero() && wide {
+			since = p.Since.Local().Format(time.RFC3339)
+		} else if !p.Since.IsZero() {
 			since = p.Since.Local().Format(time.TimeOnly)
 		}
 		addr := p.Address
 		if p.Port != 0 && p.Port != 179 {
 			addr += ":" + strconv.Itoa(int(p.Port))
 		}
-		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%s\t%s\t%s\t%d/%d/%d\t%s\n", indent, addr, p.Type, p.AS, orDash(p.Node), p.State, since,
-			p.Received, p.Accepted, p.Rejected, oneLine(p.Info))
+		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%s\t%s\t%s\t%d/%d/%d", indent, addr, p.Type, p.AS, orDash(p.Node), p.State, since,
+			p.Received, p.Accepted, p.Rejected)
+		if wide {
+			fmt.Fprintf(tw, "\t%v\t%s\t%d", p.Synced, maxPrefixes(p.MaxPrefixes), p.LimitTrips)
+		}
+		fmt.Fprintf(tw, "\t%s\n", info)
 	}
 	_ = tw.Flush()
 	for _, p := range s.Peers {
@@ -208,6 +238,13 @@ func (s *Status) PrintPeers(w io.Writer, indent string) {
 			fmt.Fprintf(w, "%s%s: closed %d times for sending more than %d prefixes\n", indent, p.Address, p.LimitTrips, p.MaxPrefixes)
 		}
 	}
+}
+
+func maxPrefixes(n uint32) string {
+	if n == 0 {
+		return "none"
+	}
+	return strconv.FormatUint(uint64(n), 10)
 }
 
 func orDash(s string) string {

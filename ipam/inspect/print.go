@@ -49,19 +49,32 @@ func dash(s string) string {
 }
 
 // WriteTable prints the pools, then their blocks, then the totals.
-func (r ShowReport) WriteTable(w io.Writer) error {
+func (r ShowReport) WriteTable(w io.Writer) error { return r.Write(w, false) }
+
+// Write is WriteTable, with wide the columns it leaves out: each pool's
+// size, each block's IPAMBlock object and size, and why a block is
+// corrupted.
+func (r ShowReport) Write(w io.Writer, wide bool) error {
 	if len(r.Pools) == 0 && len(r.BlocksOutsidePools) == 0 {
 		_, err := fmt.Fprintln(w, "No IP pools and no blocks: create an IPPool (see the README's Resources section).")
 		return err
 	}
 	t := newTable(w)
-	fmt.Fprintln(t, "POOL\tCIDR\tBLOCK SIZE\tBLOCKS\tUSED\tFREE IN BLOCKS\tFREE")
+	fmt.Fprint(t, "POOL\tCIDR\tBLOCK SIZE\tBLOCKS\tUSED\tFREE IN BLOCKS\tFREE")
+	if wide {
+		fmt.Fprint(t, "\tSIZE")
+	}
+	fmt.Fprintln(t)
 	for _, p := range r.Pools {
 		name := p.Name
 		if p.Disabled {
 			name += " (disabled)"
 		}
-		fmt.Fprintf(t, "%s\t%s\t/%d\t%d of %s\t%d\t%d\t%s\n", name, p.CIDR, p.BlockSize, p.BlocksClaimed, p.BlockCapacity, p.Used, p.FreeInBlocks, p.Free)
+		fmt.Fprintf(t, "%s\t%s\t/%d\t%d of %s\t%d\t%d\t%s", name, p.CIDR, p.BlockSize, p.BlocksClaimed, p.BlockCapacity, p.Used, p.FreeInBlocks, p.Free)
+		if wide {
+			fmt.Fprintf(t, "\t%s", p.Size)
+		}
+		fmt.Fprintln(t)
 	}
 	if err := t.Flush(); err != nil {
 		return err
@@ -74,7 +87,11 @@ func (r ShowReport) WriteTable(w io.Writer) error {
 	if len(blocks) > 0 {
 		fmt.Fprintln(w)
 		t = newTable(w)
-		fmt.Fprintln(t, "BLOCK\tPOOL\tNODE\tAFFINITY\tUSED\tFREE\tBORROWED\tNOTES")
+		fmt.Fprint(t, "BLOCK\tPOOL\tNODE\tAFFINITY\tUSED\tFREE\tBORROWED")
+		if wide {
+			fmt.Fprint(t, "\tSIZE\tIPAMBLOCK")
+		}
+		fmt.Fprintln(t, "\tNOTES")
 		for _, b := range blocks {
 			var notes []string
 			if b.Pool == "" {
@@ -86,10 +103,17 @@ func (r ShowReport) WriteTable(w io.Writer) error {
 			if b.Deleted {
 				notes = append(notes, "being deleted")
 			}
-			if len(b.Corrupted) > 0 {
+			switch {
+			case len(b.Corrupted) > 0 && wide:
+				notes = append(notes, "corrupted: "+strings.Join(b.Corrupted, "; "))
+			case len(b.Corrupted) > 0:
 				notes = append(notes, "corrupted")
 			}
-			fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", b.CIDR, dash(b.Pool), dash(b.Node), b.Affinity, b.Used, b.Free, b.Borrowed, strings.Join(notes, ", "))
+			fmt.Fprintf(t, "%s\t%s\t%s\t%s\t%d\t%d\t%d", b.CIDR, dash(b.Pool), dash(b.Node), b.Affinity, b.Used, b.Free, b.Borrowed)
+			if wide {
+				fmt.Fprintf(t, "\t%d\t%s", b.Size, dash(b.Name))
+			}
+			fmt.Fprintf(t, "\t%s\n", strings.Join(notes, ", "))
 		}
 		if err := t.Flush(); err != nil {
 			return err
@@ -114,7 +138,11 @@ func plural(n int, what string) string {
 }
 
 // WriteTable prints who holds the address.
-func (r IPReport) WriteTable(w io.Writer) error {
+func (r IPReport) WriteTable(w io.Writer) error { return r.Write(w, false) }
+
+// Write is WriteTable, with wide the findings' columns it leaves out (the
+// record itself has every field already).
+func (r IPReport) Write(w io.Writer, wide bool) error {
 	t := newTable(w)
 	fmt.Fprintf(t, "ADDRESS\t%s\n", r.IP)
 	fmt.Fprintf(t, "POOL\t%s\n", dash(r.Pool))
@@ -185,14 +213,17 @@ func (r IPReport) WriteTable(w io.Writer) error {
 	}
 	if len(r.Findings) > 0 {
 		fmt.Fprintln(w)
-		return writeFindings(w, r.Findings)
+		return writeFindings(w, r.Findings, wide)
 	}
 	return nil
 }
 
 // WriteTable prints a summary line, a table of findings with what to do,
 // and each finding's details.
-func (r CheckReport) WriteTable(w io.Writer) error {
+func (r CheckReport) WriteTable(w io.Writer) error { return r.Write(w, false) }
+
+// Write is WriteTable, with wide the findings' columns it leaves out.
+func (r CheckReport) Write(w io.Writer, wide bool) error {
 	c := r.Checked
 	what := fmt.Sprintf("checked %s, %s, %s, %s, %s, %s, %s",
 		plural(c.Pools, "pool"), plural(c.Blocks, "block"), plural(c.Allocations, "allocation"), plural(c.Handles, "handle"),
@@ -209,7 +240,7 @@ func (r CheckReport) WriteTable(w io.Writer) error {
 	default:
 		fmt.Fprintf(w, "ipam check: %s, %s (%s).\n\n", plural(r.Problems, "problem"), plural(r.Notes, "note"), what)
 	}
-	return writeFindings(w, r.Findings)
+	return writeFindings(w, r.Findings, wide)
 }
 
 func subject(f Finding) string {
@@ -222,11 +253,21 @@ func subject(f Finding) string {
 	return f.Block
 }
 
-func writeFindings(w io.Writer, fs []Finding) error {
+// writeFindings prints the table of findings (wide: with the block, node,
+// handle, object and pods each concerns) and their details.
+func writeFindings(w io.Writer, fs []Finding, wide bool) error {
 	t := newTable(w)
-	fmt.Fprintln(t, "SEVERITY\tKIND\tSUBJECT\tWHAT TO DO")
+	fmt.Fprint(t, "SEVERITY\tKIND\tSUBJECT")
+	if wide {
+		fmt.Fprint(t, "\tBLOCK\tNODE\tHANDLE\tOBJECT\tPODS")
+	}
+	fmt.Fprintln(t, "\tWHAT TO DO")
 	for _, f := range fs {
-		fmt.Fprintf(t, "%s\t%s\t%s\t%s\n", f.Severity, f.Kind, subject(f), dash(f.Fix))
+		fmt.Fprintf(t, "%s\t%s\t%s", f.Severity, f.Kind, subject(f))
+		if wide {
+			fmt.Fprintf(t, "\t%s\t%s\t%s\t%s\t%s", dash(f.Block), dash(f.Node), dash(f.Handle), dash(f.Object), dash(strings.Join(f.Pods, ",")))
+		}
+		fmt.Fprintf(t, "\t%s\n", dash(f.Fix))
 	}
 	if err := t.Flush(); err != nil {
 		return err

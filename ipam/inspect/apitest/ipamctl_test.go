@@ -397,30 +397,33 @@ func TestShowCheckRelease(t *testing.T) {
 	}
 }
 
-// TestBadInput: bad flags, addresses outside the pools, no kubeconfig:
-// exit 1 and an error that says what to fix.
+// TestBadInput: bad flags and addresses, no kubeconfig, an API server that
+// does not answer: exit 2 (the command could not do its work) and an error
+// that says what to fix; an address outside the pools: exit 1 (release
+// looked and refused it).
 func TestBadInput(t *testing.T) {
 	ds := fresh(t)
 	mkPool(t, ds, "ctl", "10.62.0.0/16", 26)
 	for _, tc := range []struct {
 		args []string
+		code int
 		want string
 	}{
-		{[]string{"ipam", "show", "-o", "yaml"}, "--output (-o) must be table or json, not \"yaml\""},
-		{[]string{"ipam", "show", "--ip", "10.62.0.300"}, "--ip \"10.62.0.300\" is not an IP address"},
-		{[]string{"ipam", "release"}, "name the address to release with --ip"},
-		{[]string{"ipam", "release", "--ip", "192.0.2.1"}, "192.0.2.1 is in no IPPool, so tabby did not allocate it"},
+		{[]string{"ipam", "show", "-o", "xml"}, 2, "invalid argument \"xml\" for \"-o, --output\" flag: must be one of table, wide, json, yaml"},
+		{[]string{"ipam", "show", "--ip", "10.62.0.300"}, 2, "--ip \"10.62.0.300\" is not an IP address"},
+		{[]string{"ipam", "release"}, 2, "name the address to release with --ip"},
+		{[]string{"ipam", "release", "--ip", "192.0.2.1"}, 1, "192.0.2.1 is in no IPPool, so tabby did not allocate it"},
 	} {
 		r := ctl(t, tc.args...)
-		if r.code != 1 || !strings.Contains(r.stderr, tc.want) {
-			t.Errorf("tabbyctl %v: want exit 1 and %q:\n%s", tc.args, tc.want, r)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("tabbyctl %v: want exit %d and %q:\n%s", tc.args, tc.code, tc.want, r)
 		}
 	}
 	// The API server comes from $KUBECONFIG when --kubeconfig is not given.
 	if r := runWith(t, env("KUBECONFIG="+kubeconfig), "ipam", "show"); r.code != 0 || !strings.Contains(r.stdout, "10.62.0.0/16") {
 		t.Errorf("with $KUBECONFIG:\n%s", r)
 	}
-	if r := runWith(t, env(), "ipam", "check"); r.code != 1 || !strings.Contains(r.stderr, "no kubeconfig given: pass --kubeconfig") {
+	if r := runWith(t, env("HOME="+t.TempDir()), "ipam", "check"); r.code != 2 || !strings.Contains(r.stderr, "no kubeconfig given: pass --kubeconfig") {
 		t.Errorf("without a kubeconfig:\n%s", r)
 	}
 	// An API server that does not answer.
@@ -428,7 +431,7 @@ func TestBadInput(t *testing.T) {
 	if err := clustertest.Cluster().WriteKubeconfig(dead, "https://127.0.0.1:1"); err != nil {
 		t.Fatal(err)
 	}
-	if r := runWith(t, env(), "--kubeconfig", dead, "ipam", "check", "--timeout", "5s"); r.code != 1 || !strings.Contains(r.stderr, "cannot be reached") {
+	if r := runWith(t, env(), "--kubeconfig", dead, "ipam", "check", "--timeout", "5s"); r.code != 2 || !strings.Contains(r.stderr, "cannot be reached") {
 		t.Errorf("with an API server that does not answer:\n%s", r)
 	}
 }
