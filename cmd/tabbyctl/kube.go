@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"sort"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
@@ -59,5 +60,6 @@ func (k *kubeFlags) completeContexts(*cobra.Command, []string, string) ([]string
 	for n := range raw.Contexts {
 		names = append(names, n)
 	}
+	sort.Strings(names)
 	return names, cobra.ShellCompDirectiveNoFileComp
 }
