@@ -426,12 +426,12 @@ func TestControllerRepairsJumps(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the jump put back", func() bool {
-		return strings.Contains(w.kernel(t, r.applier.Backend().IPTablesSave), `-A FORWARD -m comment --comment "tabby:network-policy" -j `+policy.ChainForward)
+	// The check puts the jump back, then counts it: wait for both (the
+	// count read right after the kernel shows the jump can still be 0).
+	eventually(t, "the jump put back and counted as a repair", func() bool {
+		return strings.Contains(w.kernel(t, r.applier.Backend().IPTablesSave), `-A FORWARD -m comment --comment "tabby:network-policy" -j `+policy.ChainForward) &&
+			metric(t, r.reg, "tabby_policy_jump_repairs_total", "") >= 1
 	})
-	if v := metric(t, r.reg, "tabby_policy_jump_repairs_total", ""); v < 1 {
-		t.Errorf("tabby_policy_jump_repairs_total %v", v)
-	}
 }
 
 // TestProblemsBecomeEvents: a policy the compiler refuses is logged and
