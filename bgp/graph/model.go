@@ -109,7 +109,8 @@ type Session struct {
 	Family int
 	// Type is why it exists: node-mesh, route-reflector (A reflects
 	// for B), reflectors (two reflectors of one cluster ID; neither
-	// reflects for the other), bgppeer/NAME.
+	// reflects for the other), eBGP (nodes of different AS numbers),
+	// bgppeer/NAME.
 	Type string
 	// Reflects: A reflects routes for B (and BothReflect: B also for A,
 	// reflectors of different cluster IDs).
@@ -375,13 +376,19 @@ func (b *builder) finish() {
 			b.m.Sessions = append(b.m.Sessions, *s)
 			continue
 		}
+		a, z := b.node(s.A), b.node(s.B)
 		switch {
 		case s.Reflects:
 			s.Type = string(bgp.KindReflector)
-		case s.Type == string(bgp.KindReflector):
-			// Both ends are reflectors of one cluster: a session of
-			// equals, neither a client of the other.
+		case a != nil && z != nil && a.AS != z.AS:
+			// Reflectors reflect for iBGP clients only.
+			s.Type = "eBGP"
+		case a != nil && z != nil && a.Reflector && z.Reflector:
+			// Reflectors of one cluster: a session of equals, neither
+			// a client of the other.
 			s.Type = "reflectors"
+		default:
+			s.Type = string(bgp.KindMesh)
 		}
 		b.m.Sessions = append(b.m.Sessions, *s)
 	}
@@ -400,6 +407,16 @@ func (b *builder) finish() {
 	}
 	sort.Slice(b.m.Externals, func(i, j int) bool { return b.m.Externals[i].ID < b.m.Externals[j].ID })
 	sort.Strings(b.m.Problems)
+}
+
+// node is the model's node of that name, nil for an end that is none.
+func (b *builder) node(name string) *Node {
+	for i := range b.m.Nodes {
+		if b.m.Nodes[i].Name == name {
+			return &b.m.Nodes[i]
+		}
+	}
+	return nil
 }
 
 func familyOf(a netip.Addr) int {
