@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tabby's tests and lab use, when missing:
 # the kernel tools tabby drives (iptables, ipset, iproute2), the peers it is
-# tested against (bird2, the reference CNI plugins, iperf3) and iputils-ping.
+# tested against (bird2, the reference CNI plugins, iperf3), iputils-ping and
+# graphviz (its dot reads what tabbyctl bgp graph prints).
 set -euo pipefail
-pkgs=(iptables ipset iproute2 containernetworking-plugins bird2 iperf3 iputils-ping procps kmod runc containerd util-linux)
+pkgs=(iptables ipset iproute2 containernetworking-plugins bird2 iperf3 iputils-ping procps kmod runc containerd util-linux graphviz)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

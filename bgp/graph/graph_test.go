@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -233,5 +234,35 @@ func TestEscaping(t *testing.T) {
 	}
 	if got := Mermaid(m); !strings.Contains(got, `n0(["bgppeer/a#quot;b<br/>192.0.2.1 · AS 2"])`) {
 		t.Errorf("Mermaid:\n%s", got)
+	}
+}
+
+// TestDOTIsGraphviz: Graphviz itself reads every model's DOT, odd names
+// included, and draws each node and session.
+func TestDOTIsGraphviz(t *testing.T) {
+	dot, err := exec.LookPath("dot")
+	if err != nil {
+		t.Skip("SKIPPING: Graphviz's dot is not installed (hack/install-deps.sh installs the Debian package graphviz)")
+	}
+	odd := node(`we"ird\name`, "10.0.0.7")
+	m := Build(Inputs{Nodes: []corev1.Node{node("node1", "10.0.0.1"), reflector("rr", "10.0.0.9"), odd},
+		BGPPeers: []v1.BGPPeer{{ObjectMeta: metav1.ObjectMeta{Name: "tor"}, Spec: v1.BGPPeerSpec{PeerIP: "[2001:db8::1]:1179", ASNumber: 65001}}}})
+	cmd := exec.Command(dot, "-Tsvg")
+	cmd.Stdin = strings.NewReader(DOT(m))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	svg, err := cmd.Output()
+	if err != nil || stderr.Len() > 0 {
+		t.Fatalf("dot -Tsvg: %v\n%s\n%s", err, stderr.String(), DOT(m))
+	}
+	// Graphviz titles each node with its ID and each edge A->B; labels
+	// read DOT's escapes (IDs keep a backslash doubled).
+	for _, want := range []string{"<title>node1</title>", "<title>rr&#45;&gt;node1</title>", `<title>we&quot;ird\\name</title>`, `>we&quot;ird\name</text>`} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("the SVG lacks %s", want)
+		}
+	}
+	if n := strings.Count(string(svg), `class="edge"`); n != len(m.Sessions) || n != 2 {
+		t.Errorf("the SVG has %d edges, the model %d sessions (want 2)", n, len(m.Sessions))
 	}
 }
