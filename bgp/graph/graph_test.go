@@ -109,6 +109,9 @@ a-c bgppeer/racks configured`,
 			"node2": {Node: "node2", Ready: true, Peers: []nodestatus.Peer{
 				{Address: "10.0.0.1", Node: "node1", Type: "node-mesh", State: "Established", Accepted: 1},
 				{Address: "10.0.0.3", Node: "node3", Type: "node-mesh", State: "Established", Accepted: 1}}},
+			// node3 thinks its session with node1 is up; node1 does not.
+			"node3": {Node: "node3", Ready: true, Peers: []nodestatus.Peer{
+				{Address: "10.0.0.1", Node: "node1", Type: "node-mesh", State: "Established"}}},
 		}},
 		want: `node1-node2 node-mesh Established
 node1-node3 node-mesh Active
