@@ -54,7 +54,7 @@ type StatusSource struct {
 	// tabbyd's container in them.
 	Namespace, Selector, Container string
 	// Command prints the node's status as JSON (tabbyctl node status
-	// --json); "--endpoint=" and tabbyd's --health-listen are appended
+	// -o json); "--endpoint=" and tabbyd's --health-listen are appended
 	// when the pod's arguments name one.
 	Command []string
 	// Parallel bounds the execs under way at once.
@@ -68,7 +68,7 @@ func DefaultStatusSource(cfg *rest.Config) StatusSource {
 		Namespace: "tabby-system",
 		Selector:  "app.kubernetes.io/name=tabby-node",
 		Container: "tabbyd",
-		Command:   []string{"tabbyctl", "node", "status", "--json"},
+		Command:   []string{"tabbyctl", "node", "status", "-o", "json"},
 		Parallel:  8,
 	}
 }

@@ -24,6 +24,7 @@ func newBGPCommand() *cobra.Command {
 
 func bgpGraphCommand() *cobra.Command {
 	var format, namespace string
+	var kube kubeFlags
 	var noStatus bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -35,7 +36,7 @@ clients, and the external speakers BGPPeers name, from the Nodes, the
 BGPConfiguration and the BGPPeers, by the same rules tabbyd peers by.
 
 Unless --no-status, it also asks every node's tabbyd for its status (by
-exec of "tabbyctl node status --json" in the node's tabby-node pod, as
+exec of "tabbyctl node status -o json" in the node's tabby-node pod, as
 kubectl exec does; tabbyd serves it on the node's loopback only): each
 session is drawn with its state (green Established, red any other) and
 the routes each end accepted, each node with its routes learned and
@@ -53,12 +54,10 @@ Mesh sessions are lines; a reflector's sessions are arrows to its clients.
 			if err != nil {
 				return err
 			}
-			kubeconfig, _ := cmd.Flags().GetString("kubeconfig")
-			cfg, err := datastore.LoadConfig(kubeconfig)
+			cfg, err := kube.restConfig()
 			if err != nil {
 				return err
 			}
-			cfg.UserAgent = "tabbyctl"
 			ds, err := datastore.New(cfg)
 			if err != nil {
 				return err
@@ -84,6 +83,7 @@ Mesh sessions are lines; a reflector's sessions are arrows to its clients.
 			return err
 		},
 	}
+	addKubeFlags(cmd, &kube)
 	cmd.Flags().StringVar(&format, "format", "dot", "dot (Graphviz) or mermaid")
 	cmd.Flags().StringVar(&namespace, "namespace", "tabby-system", "namespace of the tabby-node pods, whose tabbyd is asked for its status")
 	cmd.Flags().BoolVar(&noStatus, "no-status", false, "draw the configured topology only: ask no tabbyd (no pods/exec needed)")
