@@ -40,7 +40,8 @@ const (
 // params they are, service accounts before what runs as them, the DaemonSet
 // last. No custom resource: kubectl refuses one in the same apply as its
 // CRD (the CRD is not served yet), so the default IPPool is made by tabbyd
-// from its --default-ipv4-pool-cidr.
+// from its --default-ipv4-pool-cidr. deploy/kustomization.yaml lists the
+// same files: a test keeps the two equal.
 var parts = []string{
 	"base/namespace.yaml",
 	"crds/*.yaml",
@@ -49,9 +50,10 @@ var parts = []string{
 	"base/daemonset.yaml",
 }
 
-// defaultPoolArg is tabbyd's flag in base/daemonset.yaml that PodCIDR
-// replaces.
-const defaultPoolArg = "--default-ipv4-pool-cidr="
+// defaultPoolEnv is the environment variable of tabbyd in
+// base/daemonset.yaml whose value its --default-ipv4-pool-cidr is, and
+// PodCIDR replaces.
+const defaultPoolEnv = "- name: DEFAULT_IPV4_POOL_CIDR\n          value: "
 
 // RenderOptions change the placeholders of the default manifest, and add
 // what a cluster unlike the default needs. The zero value renders the
@@ -153,10 +155,10 @@ func Render(dir string, opts RenderOptions) ([]byte, error) {
 				text = strings.ReplaceAll(text, DefaultImage, opts.Image)
 			}
 			if opts.PodCIDR != "" {
-				if !strings.Contains(text, defaultPoolArg+DefaultPodCIDR) {
-					return nil, fmt.Errorf("deploy/%s has no %s%s to replace", rel, defaultPoolArg, DefaultPodCIDR)
+				if strings.Count(text, defaultPoolEnv+DefaultPodCIDR+"\n") != 1 {
+					return nil, fmt.Errorf("deploy/%s has not one %q to replace", rel, defaultPoolEnv+DefaultPodCIDR)
 				}
-				text = strings.Replace(text, defaultPoolArg+DefaultPodCIDR, defaultPoolArg+opts.PodCIDR, 1)
+				text = strings.Replace(text, defaultPoolEnv+DefaultPodCIDR+"\n", defaultPoolEnv+opts.PodCIDR+"\n", 1)
 			}
 			if text, err = addEnv(text, "install-cni", installEnv); err != nil {
 				return nil, fmt.Errorf("deploy/%s: %w", rel, err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,7 +95,8 @@ func TestRenderOptions(t *testing.T) {
 	if strings.Contains(s, deploy.DefaultImage) || strings.Count(s, "image: registry.example/tabby:v1.2.3") != 2 {
 		t.Errorf("the image is not replaced in both containers")
 	}
-	if strings.Contains(s, "--default-ipv4-pool-cidr="+deploy.DefaultPodCIDR) || !strings.Contains(s, "--default-ipv4-pool-cidr=10.42.0.0/16") {
+	// tabbyd's --default-ipv4-pool-cidr=$(DEFAULT_IPV4_POOL_CIDR).
+	if strings.Contains(s, "value: "+deploy.DefaultPodCIDR) || !strings.Contains(s, "- name: DEFAULT_IPV4_POOL_CIDR\n          value: 10.42.0.0/16\n") {
 		t.Errorf("the pod CIDR is not replaced")
 	}
 	if _, err := deploy.Render("..", deploy.RenderOptions{PodCIDR: "10.42.1.0/16"}); err == nil || !strings.Contains(err.Error(), "CIDR notation") {
@@ -154,10 +156,14 @@ func TestRenderClusterOptions(t *testing.T) {
 	}
 	ds := daemonSet(t, def)
 	install, tabbyd := ds.Spec.Template.Spec.InitContainers[0], ds.Spec.Template.Spec.Containers[0]
-	for _, c := range []corev1.Container{install, tabbyd} {
-		if e := envOf(c); len(e) != 1 || e["NODE_NAME"] != "(from spec.nodeName)" {
-			t.Errorf("%s's env in the default manifest: %v", c.Name, e)
-		}
+	// Their node and namespace from the downward API, and tabbyd's pool.
+	installEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)"}
+	tabbydEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)", "DEFAULT_IPV4_POOL_CIDR": deploy.DefaultPodCIDR}
+	if e := envOf(install); !equalMaps(e, installEnv) {
+		t.Errorf("install-cni's env in the default manifest: %v, want %v", e, installEnv)
+	}
+	if e := envOf(tabbyd); !equalMaps(e, tabbydEnv) {
+		t.Errorf("tabbyd's env in the default manifest: %v, want %v", e, tabbydEnv)
 	}
 
 	out, err := deploy.Render("..", deploy.RenderOptions{Image: "registry.example/tabby:v2", APIServer: "https://192.0.2.10:6443", RuntimeCNIVersion: "1.0.0"})
@@ -166,11 +172,16 @@ func TestRenderClusterOptions(t *testing.T) {
 	}
 	ds = daemonSet(t, out)
 	install, tabbyd = ds.Spec.Template.Spec.InitContainers[0], ds.Spec.Template.Spec.Containers[0]
-	want := map[string]string{"NODE_NAME": "(from spec.nodeName)", "KUBERNETES_SERVICE_HOST": "192.0.2.10", "KUBERNETES_SERVICE_PORT": "6443"}
+	apiEnv := map[string]string{"KUBERNETES_SERVICE_HOST": "192.0.2.10", "KUBERNETES_SERVICE_PORT": "6443"}
+	want := map[string]string{}
+	maps.Copy(want, tabbydEnv)
+	maps.Copy(want, apiEnv)
 	if e := envOf(tabbyd); !equalMaps(e, want) {
 		t.Errorf("tabbyd's env: %v, want %v", e, want)
 	}
-	want["CNI_RUNTIME_MAX_VERSION"] = "1.0.0"
+	want = map[string]string{"CNI_RUNTIME_MAX_VERSION": "1.0.0"}
+	maps.Copy(want, installEnv)
+	maps.Copy(want, apiEnv)
 	if e := envOf(install); !equalMaps(e, want) {
 		t.Errorf("install-cni's env: %v, want %v", e, want)
 	}
@@ -199,10 +210,10 @@ func TestRenderClusterOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	ds = daemonSet(t, out)
-	if e := envOf(ds.Spec.Template.Spec.InitContainers[0]); len(e) != 2 || e["CNI_RUNTIME_MAX_VERSION"] != "1.1.0" {
+	if e := envOf(ds.Spec.Template.Spec.InitContainers[0]); len(e) != len(installEnv)+1 || e["CNI_RUNTIME_MAX_VERSION"] != "1.1.0" {
 		t.Errorf("install-cni's env: %v", e)
 	}
-	if e := envOf(ds.Spec.Template.Spec.Containers[0]); len(e) != 1 {
+	if e := envOf(ds.Spec.Template.Spec.Containers[0]); !equalMaps(e, tabbydEnv) {
 		t.Errorf("tabbyd's env: %v", e)
 	}
 
@@ -332,7 +343,7 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"iptables", "ipset", "iproute2", "kmod"}; !slices.Equal(pkgs, want) {
+	if want := []string{"iptables", "ipset", "iproute2", "kmod", "coreutils"}; !slices.Equal(pkgs, want) {
 		t.Errorf("packages %v, want %v", pkgs, want)
 	}
 	text := string(df)

@@ -1,0 +1,239 @@
+package deploy
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/tabbynet/tabby/test/cluster/clustertest"
+)
+
+// kustomize renders the kustomization in dir with the real kubectl's
+// built-in kustomize (what `kubectl apply -k` applies) and parses it.
+func kustomize(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	out := mustKubectl(t, adminKubeconfig, nil, "kustomize", dir)
+	objs, err := Objects([]byte(out))
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v", dir, err)
+	}
+	return objs
+}
+
+func rendered(t *testing.T, opts RenderOptions) []*unstructured.Unstructured {
+	t.Helper()
+	data, err := Render(".", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := Objects(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// namespaced tells, from the real API server's discovery, whether objects
+// of a kind live in a namespace.
+func namespaced(t *testing.T) func(schema.GroupVersionKind) bool {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(clustertest.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, err := restmapper.GetAPIGroupResources(dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	return func(gvk schema.GroupVersionKind) bool {
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%v is not served by the API server: %v", gvk, err)
+		}
+		return m.Scope.Name() == "namespace"
+	}
+}
+
+// byKey indexes objects by kind, namespace and name, normalized as the API
+// server stores them: a cluster-scoped object has no namespace (the server
+// drops one; kubectl 1.35's kustomize, v5.7.1, adds one to
+// ValidatingAdmissionPolicies and their bindings under namespace:, since it
+// does not know they are cluster-scoped, kustomize issue 6051), and a
+// container's env is in order of name (kustomize's strategic-merge patch
+// moves the patched variable first; no value of tabby's env refers to
+// another variable, where order would matter).
+func byKey(t *testing.T, objs []*unstructured.Unstructured, isNamespaced func(schema.GroupVersionKind) bool) map[string]map[string]any {
+	t.Helper()
+	m := map[string]map[string]any{}
+	for _, o := range objs {
+		o = o.DeepCopy()
+		if !isNamespaced(o.GroupVersionKind()) {
+			o.SetNamespace("")
+		}
+		sortEnv(t, o)
+		key := o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
+		if _, dup := m[key]; dup {
+			t.Fatalf("%s twice", key)
+		}
+		m[key] = o.Object
+	}
+	return m
+}
+
+func sortEnv(t *testing.T, o *unstructured.Unstructured) {
+	for _, list := range []string{"initContainers", "containers"} {
+		cs, found, err := unstructured.NestedSlice(o.Object, "spec", "template", "spec", list)
+		if err != nil || !found {
+			continue
+		}
+		for _, c := range cs {
+			env, _ := c.(map[string]any)["env"].([]any)
+			for _, e := range env {
+				if v, _ := e.(map[string]any)["value"].(string); strings.Contains(v, "$(") {
+					t.Fatalf("%s: env %v refers to another variable: its order matters", o.GetName(), e)
+				}
+			}
+			sort.SliceStable(env, func(i, j int) bool {
+				return env[i].(map[string]any)["name"].(string) < env[j].(map[string]any)["name"].(string)
+			})
+		}
+		if err := unstructured.SetNestedSlice(o.Object, cs, "spec", "template", "spec", list); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func compareObjects(t *testing.T, what string, want, got []*unstructured.Unstructured) {
+	t.Helper()
+	isNamespaced := namespaced(t)
+	if d := cmp.Diff(byKey(t, want, isNamespaced), byKey(t, got, isNamespaced)); d != "" {
+		t.Errorf("%s differs (-deploy/gen +kubectl kustomize):\n%s", what, d)
+	}
+}
+
+// TestKustomizeIsGen: `kubectl apply -k deploy/` installs the objects of
+// tabby.yaml, no more, no fewer, field for field.
+func TestKustomizeIsGen(t *testing.T) {
+	want := rendered(t, RenderOptions{})
+	got := kustomize(t, ".")
+	if len(got) != len(want) {
+		t.Errorf("kubectl kustomize deploy/ has %d objects, tabby.yaml %d: keep the resources of kustomization.yaml in step with the parts of render.go", len(got), len(want))
+	}
+	compareObjects(t, "deploy/kustomization.yaml", want, got)
+}
+
+// overlay writes a kustomization of the user's own, in a folder outside
+// deploy/ (kustomize refuses a base that contains its overlay), with the
+// settings the kustomization's comment and the README give.
+func overlay(t *testing.T, ns, image, tag, cidr string) string {
+	t.Helper()
+	dir := t.TempDir()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := filepath.Rel(dir, wd) // kustomize takes no absolute base
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- ` + base + `
+namespace: ` + ns + `
+images:
+- name: ghcr.io/tabbynet/tabby
+  newName: ` + image + `
+  newTag: ` + tag + `
+patches:
+- patch: |
+    apiVersion: apps/v1
+    kind: DaemonSet
+    metadata:
+      name: tabby-node
+      namespace: tabby-system
+    spec:
+      template:
+        spec:
+          containers:
+          - name: tabbyd
+            env:
+            - name: DEFAULT_IPV4_POOL_CIDR
+              value: ` + cidr + `
+`
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// inNamespace is what a user of kustomize's namespace: expects of tabby in
+// namespace ns, written out here independently of kustomize: every
+// namespaced object in ns, the Namespace itself renamed, and RBAC subjects
+// that named tabby-system naming ns.
+func inNamespace(t *testing.T, objs []*unstructured.Unstructured, ns string) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	for _, o := range objs {
+		o = o.DeepCopy()
+		switch {
+		case o.GetKind() == "Namespace":
+			o.SetName(ns)
+		case o.GetNamespace() == namespace:
+			o.SetNamespace(ns)
+		}
+		subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+		for _, s := range subjects {
+			if s := s.(map[string]any); s["namespace"] == namespace {
+				s["namespace"] = ns
+			}
+		}
+		if subjects != nil {
+			if err := unstructured.SetNestedSlice(o.Object, subjects, "subjects"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// TestKustomizeOverlay: an overlay that changes the namespace, the image
+// and the pod CIDR renders what deploy/gen renders with the same image and
+// CIDR, moved to that namespace; nothing still names tabby-system (the
+// pods take their namespace from the downward API, the admission policies
+// match tabby-node of any namespace); and the API server accepts it all.
+func TestKustomizeOverlay(t *testing.T) {
+	const ns, image, tag, cidr = "tabby-net", "registry.example/tabby", "v1.2.3", "10.42.0.0/16"
+	dir := overlay(t, ns, image, tag, cidr)
+	got := kustomize(t, dir)
+	want := inNamespace(t, rendered(t, RenderOptions{Image: image + ":" + tag, PodCIDR: cidr}), ns)
+	compareObjects(t, "the overlay", want, got)
+	for _, o := range got {
+		data, err := o.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Any text that still named it (an argument, a CEL expression)
+		// would not follow the overlay.
+		if strings.Contains(string(data), namespace) {
+			t.Errorf("%s %s still names %s under namespace: %s", o.GetKind(), o.GetName(), namespace, ns)
+		}
+	}
+
+	// The API server takes the overlay as kubectl apply -k sends it (a
+	// server-side dry run: the namespaced objects need their namespace to
+	// exist, so it is made for real, and deleted after).
+	mustKubectl(t, adminKubeconfig, nil, "create", "namespace", ns)
+	t.Cleanup(func() { _, _, _ = kubectl(t, adminKubeconfig, nil, "delete", "namespace", ns, "--wait=false") })
+	mustKubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-k", dir)
+}
