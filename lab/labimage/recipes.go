@@ -8,8 +8,9 @@ import (
 
 // TabbyPackages are the Debian packages of the tabby image, as
 // deploy/Dockerfile installs them on debian:bookworm-slim: the tools tabbyd
-// drives.
-var TabbyPackages = []string{"iptables", "ipset", "iproute2", "kmod"}
+// drives, and coreutils (bookworm-slim's own) for the sleep of
+// deploy/tabbyctl-pod.yaml.
+var TabbyPackages = []string{"iptables", "ipset", "iproute2", "kmod", "coreutils"}
 
 // TabbyBinaries are the programs of the tabby image, in /usr/local/bin:
 // install-cni copies the CNI plugins from the folder tabbyctl runs from.
@@ -79,7 +80,7 @@ var runDirs = []Dir{{Path: "/tmp", Mode: 0o1777}, {Path: "/run"}, {Path: "/var/t
 func Tabby(binDir, version string) Spec {
 	s := Spec{
 		Ref:      "ghcr.io/tabbynet/tabby:" + version,
-		Debs:     closure(TabbyPackages, libc, iptablesLibs, ipsetLibs, iproute2Libs, kmodLibs),
+		Debs:     closure(TabbyPackages, libc, iptablesLibs, ipsetLibs, iproute2Libs, kmodLibs, coreutilsLibs),
 		Symlinks: nftLinks(),
 		Dirs:     slices.Clone(runDirs),
 	}
