@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tabbynet/tabby/test/cluster/clustertest"
 )
@@ -235,5 +236,25 @@ func TestKustomizeOverlay(t *testing.T) {
 	// exist, so it is made for real, and deleted after).
 	mustKubectl(t, adminKubeconfig, nil, "create", "namespace", ns)
 	t.Cleanup(func() { _, _, _ = kubectl(t, adminKubeconfig, nil, "delete", "namespace", ns, "--wait=false") })
-	mustKubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-k", dir)
+	out := mustKubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-k", dir, "-o", "yaml")
+	// What the server would store: kustomize's namespace on the
+	// cluster-scoped policies is dropped (the README says so).
+	var list struct {
+		Items []unstructured.Unstructured `json:"items"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatal(err)
+	}
+	policies := 0
+	for _, o := range list.Items {
+		if strings.HasPrefix(o.GetKind(), "ValidatingAdmissionPolicy") {
+			policies++
+			if o.GetNamespace() != "" {
+				t.Errorf("the API server keeps namespace %q on %s %s", o.GetNamespace(), o.GetKind(), o.GetName())
+			}
+		}
+	}
+	if policies != 8 {
+		t.Errorf("the dry run returned %d admission policies and bindings, want 8", policies)
+	}
 }
