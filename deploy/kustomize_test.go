@@ -1,8 +1,10 @@
 package deploy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -257,4 +259,52 @@ func TestKustomizeOverlay(t *testing.T) {
 	if policies != 8 {
 		t.Errorf("the dry run returned %d admission policies and bindings, want 8", policies)
 	}
+}
+
+// varRefRE is a $(NAME) reference kubelet expands in command and args.
+var varRefRE = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+
+// TestArgsReferToEnv: every $(NAME) in a tabby-node container's command
+// and args (the namespace and the pool CIDR come so) is an env variable of
+// that container; kubelet leaves an undefined one as it is, and tabbyd
+// would get the text "$(POD_NAMESPACE)" for a namespace.
+func TestArgsReferToEnv(t *testing.T) {
+	refs := 0
+	for _, o := range rendered(t, RenderOptions{}) {
+		if o.GetKind() != "DaemonSet" {
+			continue
+		}
+		for _, list := range []string{"initContainers", "containers"} {
+			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", list)
+			for _, c := range cs {
+				c := c.(map[string]any)
+				defined := map[string]bool{}
+				env, _ := c["env"].([]any)
+				for _, e := range env {
+					defined[e.(map[string]any)["name"].(string)] = true
+				}
+				words := append(stringSlice(c["command"]), stringSlice(c["args"])...)
+				for _, w := range words {
+					for _, m := range varRefRE.FindAllStringSubmatch(w, -1) {
+						refs++
+						if !defined[m[1]] {
+							t.Errorf("container %s: %q refers to $(%s), which is not in its env", c["name"], w, m[1])
+						}
+					}
+				}
+			}
+		}
+	}
+	if refs < 3 {
+		t.Errorf("found %d $(NAME) references, want the namespace in both containers and the pool CIDR", refs)
+	}
+}
+
+func stringSlice(v any) []string {
+	l, _ := v.([]any)
+	out := make([]string, 0, len(l))
+	for _, s := range l {
+		out = append(out, fmt.Sprint(s))
+	}
+	return out
 }
