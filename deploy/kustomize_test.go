@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,12 +9,20 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tabbynet/tabby/test/cluster/clustertest"
@@ -307,4 +316,80 @@ func stringSlice(v any) []string {
 		out = append(out, fmt.Sprint(s))
 	}
 	return out
+}
+
+// TestNodePoliciesFollowNamespace: with tabby installed in another
+// namespace (an overlay's namespace:), the admission policies still hold
+// its tabby-node to its own Node: they match the service account tabby-node
+// of any namespace, not only tabby-system's.
+func TestNodePoliciesFollowNamespace(t *testing.T) {
+	ensureApplied(t) // the policies, as tabby.yaml has them
+	const ns = "tabby-moved"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin := clientset(t)
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tabby-node"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The ClusterRoleBinding as the overlay renders it.
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "tabby-node-" + ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "tabby-node"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "tabby-node", Namespace: ns}}}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = admin.RbacV1().ClusterRoleBindings().Delete(context.Background(), crb.Name, metav1.DeleteOptions{})
+	})
+	for _, n := range []string{"moved-x", "moved-y"} {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, Annotations: map[string]string{"tabby.io/ipv4-address": "192.0.2.1/24"}}}
+		if _, err := admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = admin.CoreV1().Nodes().Delete(context.Background(), n, metav1.DeleteOptions{}) })
+	}
+	// The token kubelet mounts into a tabby-node pod of moved-x.
+	pod, err := admin.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tabby-node-moved-x"},
+		Spec: corev1.PodSpec{NodeName: "moved-x", ServiceAccountName: "tabby-node", AutomountServiceAccountToken: ptr.To(false),
+			Containers: []corev1.Container{{Name: "tabbyd", Image: "example.invalid/tabby"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "tabby-node", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To(int64(600)),
+		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := tokenClient(t, tr.Status.Token)
+	annotate := func(node, addr string) error {
+		patch := []byte(`{"metadata":{"annotations":{"tabby.io/ipv4-address":"` + addr + `"}}}`)
+		_, err := x.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+		return err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := annotate("moved-y", "192.0.2.66/24")
+		if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
+			if !strings.Contains(err.Error(), "tabby-node on node moved-x may change only its own Node, not moved-y") {
+				t.Errorf("refused with %v, want the policy's message", err)
+			}
+			break
+		}
+		if err == nil {
+			t.Fatalf("tabby-node of %s on moved-x rewrote moved-y's BGP identity: the policy does not follow the namespace", ns)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("annotating moved-y: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := annotate("moved-x", "192.0.2.10/24"); err != nil {
+		t.Errorf("tabby-node of %s publishing its own node's identity: %v", ns, err)
+	}
 }
