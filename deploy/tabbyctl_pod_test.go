@@ -102,6 +102,7 @@ func TestTabbyctlPod(t *testing.T) {
 		if err != nil {
 			t.Errorf("tabbyctl %s as the tabbyctl pod: %v\n%s", strings.Join(args, " "), err, out)
 		}
+		t.Logf("tabbyctl %s as the tabbyctl pod:\n%s", strings.Join(args, " "), out)
 		return string(out)
 	}
 	if out := run("ipam", "show"); !strings.Contains(out, "198.18.240.0/24") {
