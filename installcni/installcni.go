@@ -49,6 +49,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/daemon/cnitoken"
+	"github.com/tabbynet/tabby/internal/logging"
 )
 
 // Defaults of Options.
@@ -121,6 +122,9 @@ type Options struct {
 	Portmap bool
 	// CNILogLevel is the plugin's "logLevel" (empty: silent).
 	CNILogLevel string
+	// CNILogFormat is the plugin's "logFormat", text or json (empty: the
+	// plugin's default, text).
+	CNILogFormat string
 	// AgentSocket is the plugin's "agentSocket", where tabbyd serves IPAM
 	// (empty: the plugin's default, /var/run/tabby/cni.sock).
 	AgentSocket string
@@ -449,6 +453,11 @@ func (o Options) withDefaults() (Options, error) {
 	default:
 		return o, fmt.Errorf("CNI log level %q: use debug, info, warn, error or nothing", o.CNILogLevel)
 	}
+	if o.CNILogFormat != "" {
+		if err := logging.CheckFormat(o.CNILogFormat); err != nil {
+			return o, fmt.Errorf("CNI %w (or nothing)", err)
+		}
+	}
 	return o, nil
 }
 
@@ -595,6 +604,7 @@ func (o Options) conflist(version string) ([]byte, error) {
 		NodeName    string `json:"nodename"`
 		MTU         int    `json:"mtu"`
 		LogLevel    string `json:"logLevel,omitempty"`
+		LogFormat   string `json:"logFormat,omitempty"`
 		AgentSocket string `json:"agentSocket,omitempty"`
 		IPAM        ipam   `json:"ipam"`
 	}
@@ -604,6 +614,7 @@ func (o Options) conflist(version string) ([]byte, error) {
 		NodeName:    o.NodeName,
 		MTU:         o.MTU,
 		LogLevel:    o.CNILogLevel,
+		LogFormat:   o.CNILogFormat,
 		AgentSocket: o.AgentSocket,
 		IPAM:        ipam{Type: "tabby-ipam"},
 	}}

@@ -445,6 +445,7 @@ func TestBadInputsWriteNothing(t *testing.T) {
 		{"no node name", func(e *env, o *Options) { o.NodeName = "" }, "NODE_NAME"},
 		{"bad mtu", func(e *env, o *Options) { o.MTU = -1 }, "mtu -1"},
 		{"bad log level", func(e *env, o *Options) { o.CNILogLevel = "loud" }, "log level"},
+		{"bad log format", func(e *env, o *Options) { o.CNILogFormat = "xml" }, `CNI log format "xml" is not known: use text or json`},
 		{"bad conf name", func(e *env, o *Options) { o.ConfName = "10-tabby.conf" }, ".conflist"},
 		{"no token", func(e *env, o *Options) { os.Remove(o.TokenFile) }, "service-account token"},
 		{"empty token", func(e *env, o *Options) { e.write(o.TokenFile, []byte("\n"), 0o400) }, "is empty"},

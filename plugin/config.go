@@ -14,8 +14,10 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 	"gopkg.in/natefinch/lumberjack.v2"
+	"k8s.io/klog/v2"
 
 	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/internal/logging"
 )
 
 // IPAMTypeTabby is the ipam.type that the tabby plugin serves in-process
@@ -70,6 +72,9 @@ type NetConf struct {
 	// LogLevel (debug, info, warn, error) turns logging on; empty means no
 	// logging.
 	LogLevel string `json:"logLevel,omitempty"`
+	// LogFormat is text (default: key=value lines) or json (one JSON
+	// object a line), as tabbyd's --log-format.
+	LogFormat string `json:"logFormat,omitempty"`
 	// LogFile is where the log goes (default DefaultLogFile), rotated by
 	// size; "" logs to stderr. LogFileMaxSize (MiB), LogFileMaxBackups and
 	// LogFileMaxAge (days; 0 keeps them whatever their age) tune the
@@ -114,6 +119,7 @@ type IPAMConf struct {
 	Kubeconfig  string  `json:"kubeconfig,omitempty"`
 	NodeName    string  `json:"nodename,omitempty"`
 	LogLevel    string  `json:"logLevel,omitempty"`
+	LogFormat   string  `json:"logFormat,omitempty"`
 	LogFile     *string `json:"logFile,omitempty"`
 	Timeout     string  `json:"timeout,omitempty"`
 	LockFile    string  `json:"lockFile,omitempty"`
@@ -131,6 +137,8 @@ type Config struct {
 	// MTU as configured (0 = detect).
 	MTU      int
 	LogLevel string
+	// LogFormat is logging.FormatText or logging.FormatJSON.
+	LogFormat string
 	// Log is where the log goes when LogLevel is set.
 	Log      LogFile
 	Timeout  time.Duration
@@ -180,7 +188,7 @@ func LoadConfig(data []byte) (*Config, error) {
 	if err := json.Unmarshal(data, &nc); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure,
 			fmt.Sprintf("tabby: the network config is not valid JSON of the expected shape: %v", err),
-			"keys and types: kubeconfig (string), nodename (string), mtu (number), logLevel (string), logFile (string), logFileMaxSize, logFileMaxBackups and logFileMaxAge (numbers), timeout (duration string), ipam (object with type, assignIPv4, assignIPv6)")
+			"keys and types: kubeconfig (string), nodename (string), mtu (number), logLevel (string), logFormat (string), logFile (string), logFileMaxSize, logFileMaxBackups and logFileMaxAge (numbers), timeout (duration string), ipam (object with type, assignIPv4, assignIPv6)")
 	}
 	c := &Config{
 		Raw:        data,
@@ -190,6 +198,7 @@ func LoadConfig(data []byte) (*Config, error) {
 		NodeName:   firstNonEmpty(nc.IPAM.NodeName, nc.NodeName),
 		MTU:        nc.MTU,
 		LogLevel:   strings.ToLower(firstNonEmpty(nc.IPAM.LogLevel, nc.LogLevel)),
+		LogFormat:  firstNonEmpty(nc.IPAM.LogFormat, nc.LogFormat, logging.FormatText),
 		LockFile:   firstNonEmpty(nc.IPAM.LockFile, nc.LockFile),
 		IPAMType:   nc.IPAM.Type,
 		IPv4:       true,
@@ -231,6 +240,9 @@ func LoadConfig(data []byte) (*Config, error) {
 	case "", "debug", "info", "warn", "warning", "error":
 	default:
 		return nil, ConfigError("tabby: logLevel %q is not known: use debug, info, warn or error (or leave it out for no logging)", c.LogLevel)
+	}
+	if err := logging.CheckFormat(c.LogFormat); err != nil {
+		return nil, ConfigError("tabby: logFormat: %v (or leave it out for text)", err)
 	}
 	lf, err := logFileOf(nc)
 	if err != nil {
@@ -376,7 +388,16 @@ func (c *Config) Logger(plugin string) *slog.Logger {
 	default:
 		lvl = slog.LevelError
 	}
-	return slog.New(slog.NewTextHandler(c.Log.writer(), &slog.HandlerOptions{Level: lvl})).With("plugin", plugin, "network", c.Name, "node", c.NodeName, "pid", os.Getpid())
+	h, err := logging.Handler(c.Log.writer(), lvl, c.LogFormat)
+	if err != nil {
+		// LoadConfig checked the format; a Config built by hand may not be.
+		h = slog.NewTextHandler(c.Log.writer(), &slog.HandlerOptions{Level: lvl})
+	}
+	log := slog.New(h)
+	// The direct path's client-go logs through klog: into the same file
+	// and format, not onto the runtime's stderr.
+	klog.SetSlogLogger(log)
+	return log.With("plugin", plugin, "network", c.Name, "node", c.NodeName, "pid", os.Getpid())
 }
 
 func firstNonEmpty(s ...string) string {

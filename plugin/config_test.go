@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"k8s.io/klog/v2"
 )
 
 func TestLoadConfigDefaults(t *testing.T) {
@@ -130,6 +132,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"bad timeout", `{"name":"n","nodename":"a","timeout":"soon","ipam":{"type":"tabby-ipam"}}`, "timeout \"soon\"", types.ErrInvalidNetworkConfig},
 		{"negative timeout", `{"name":"n","nodename":"a","timeout":"-1s","ipam":{"type":"tabby-ipam"}}`, "positive duration", types.ErrInvalidNetworkConfig},
 		{"bad log level", `{"name":"n","nodename":"a","logLevel":"loud","ipam":{"type":"tabby-ipam"}}`, "logLevel \"loud\"", types.ErrInvalidNetworkConfig},
+		{"bad log format", `{"name":"n","nodename":"a","logLevel":"info","logFormat":"logfmt","ipam":{"type":"tabby-ipam"}}`, "logFormat: log format \"logfmt\" is not known: use text or json", types.ErrInvalidNetworkConfig},
 		{"bad node name", `{"name":"n","nodename":"Node_1","ipam":{"type":"tabby-ipam"}}`, "not a valid Kubernetes node name", types.ErrInvalidNetworkConfig},
 		{"empty pool name", `{"name":"n","nodename":"a","ipam":{"type":"tabby-ipam","ipv4Pools":[""]}}`, "empty pool name", types.ErrInvalidNetworkConfig},
 		{"relative agent socket", `{"name":"n","nodename":"a","agentSocket":"cni.sock","ipam":{"type":"tabby-ipam"}}`, "agentSocket \"cni.sock\" is not an absolute path", types.ErrInvalidNetworkConfig},
@@ -250,6 +253,40 @@ func TestLogFileRotates(t *testing.T) {
 	b, _ := os.ReadFile(c.Log.Path)
 	if !strings.Contains(string(b), `cmd=39 i=99`) || !strings.Contains(string(b), "plugin=tabby") {
 		t.Errorf("the last line is not in %s", c.Log.Path)
+	}
+}
+
+// TestLogFormatJSON: logFormat json (set in the ipam section, which
+// overrides the top level) writes one JSON object a line to the log file,
+// with the command's attributes; client-go's klog goes there too.
+func TestLogFormatJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cni.log")
+	c, err := LoadConfig([]byte(`{"name":"n","nodename":"a","logLevel":"info","logFormat":"text","logFile":"` + path + `","ipam":{"type":"tabby-ipam","logFormat":"json"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LogFormat != "json" {
+		t.Fatalf("logFormat %q, want json from the ipam section", c.LogFormat)
+	}
+	c.Logger("tabby-ipam").Info("assigned", "ip", "10.0.0.1")
+	klog.ErrorS(errors.New("refused"), "reflector failed")
+	klog.Flush()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("the log holds %d lines, want the plugin's and klog's:\n%s", len(lines), b)
+	}
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Errorf("line %q is not JSON: %v", l, err)
+		}
+	}
+	if !strings.Contains(lines[0], `"plugin":"tabby-ipam"`) || !strings.Contains(lines[1], `"msg":"reflector failed"`) {
+		t.Errorf("unexpected lines:\n%s", b)
 	}
 }
 

@@ -70,6 +70,7 @@ Config keys (top level, or in "ipam" for tabby-ipam under another plugin):
   nodename     this node's name (default: the host name)
   mtu          pod MTU; 0 detects it (default-route interface less VXLAN 50 / IPIP 20)
   logLevel     debug|info|warn|error: log to logFile (default: no logging)
+  logFormat    text|json: key=value lines or one JSON object a line (default text)
   logFile      the log (default /var/log/tabby/cni.log, rotated; "" stderr)
   logFileMaxSize / logFileMaxBackups / logFileMaxAge   rotation: MiB per
                file (100), files kept (5), days kept (30)

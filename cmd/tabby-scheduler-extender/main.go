@@ -17,6 +17,7 @@ import (
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/buildinfo"
+	"github.com/tabbynet/tabby/internal/logging"
 	extender "github.com/tabbynet/tabby/scheduler-extender"
 	"github.com/tabbynet/tabby/scheduler-extender/cache"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins"
@@ -25,13 +26,13 @@ import (
 
 func main() {
 	var (
-		cfg          extender.Config
-		namespace    string
-		checkTabbyd  bool
-		ipv4, ipv6   bool
-		logLevelText string
-		qps          float32
-		burst        int
+		cfg         extender.Config
+		namespace   string
+		checkTabbyd bool
+		ipv4, ipv6  bool
+		logFlags    *logging.Flags
+		qps         float32
+		burst       int
 	)
 	cmd := &cobra.Command{
 		Use:          "tabby-scheduler-extender",
@@ -39,12 +40,13 @@ func main() {
 		Version:      buildinfo.Version,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
+		// exitError prints the error: in the log's format once there is a log.
+		SilenceErrors: true,
 		RunE: func(*cobra.Command, []string) error {
-			var level slog.Level
-			if err := level.UnmarshalText([]byte(logLevelText)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			var err error
+			if cfg.Log, err = logFlags.Logger(os.Stderr); err != nil {
+				return err
 			}
-			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			var families []int
 			if ipv4 {
 				families = append(families, 4)
@@ -104,8 +106,19 @@ func main() {
 	f.BoolVar(&ipv6, "ipv6", false, "pods get an IPv6 address (as the CNI config's ipam.assignIPv6)")
 	f.Float32Var(&qps, "kube-api-qps", 50, "API requests a second of the Kubernetes client that watches and creates Bindings (kube-scheduler's bindVerb: one a pod; kube-scheduler's own default)")
 	f.IntVar(&burst, "kube-api-burst", 100, "burst of --kube-api-qps")
-	f.StringVar(&logLevelText, "log-level", "info", "debug, info, warn or error")
+	logFlags = logging.AddFlags(f)
 	if err := cmd.Execute(); err != nil {
-		os.Exit(1)
+		exitError(cfg.Log, err)
 	}
+}
+
+// exitError reports the error that ends the program, as a log line when
+// the log is set up (so a JSON log ends with JSON), and exits 1.
+func exitError(log *slog.Logger, err error) {
+	if log != nil {
+		log.Error("tabby-scheduler-extender stopped", "error", err)
+	} else {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+	}
+	os.Exit(1)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tabbynet/tabby/daemon/cnitoken"
 	"github.com/tabbynet/tabby/installcni"
+	"github.com/tabbynet/tabby/internal/logging"
 )
 
 func init() { subcommands = append(subcommands, newInstallCNICommand) }
@@ -20,6 +21,7 @@ const runtimeCNIVersionEnv = "CNI_RUNTIME_MAX_VERSION"
 
 func newInstallCNICommand() *cobra.Command {
 	o := installcni.Options{}
+	var logFlags *logging.Flags
 	cmd := &cobra.Command{
 		Use:   "install-cni",
 		Short: "install tabby's CNI plugins, conflist and kubeconfig on this node (the DaemonSet's init container)",
@@ -48,6 +50,13 @@ service-account credentials are, and NODE_NAME, KUBERNETES_SERVICE_HOST,
 KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Warnings, and client-go's messages while it asks the API
+			// server, go to stderr in --log-format (a DaemonSet's logs are
+			// shipped); stdout lists the files as before.
+			log, err := logFlags.Logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
 			if o.BinSource == "" {
 				dir, err := executableDir()
 				if err != nil {
@@ -76,7 +85,7 @@ KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 					fmt.Fprintln(cmd.OutOrStdout(), "install-cni:", n)
 				}
 				for _, w := range res.Warnings {
-					fmt.Fprintln(cmd.ErrOrStderr(), "WARNING:", w)
+					log.Warn(w)
 				}
 			}
 			if err != nil {
@@ -104,6 +113,7 @@ KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 	f.StringVar(&o.ContainerRuntime, "container-runtime", "",
 		"the node's container runtime as its Node reports it, such as containerd://1.6.20 (default: read from the Node)")
 	f.StringVar(&o.CNILogLevel, "cni-log-level", "", "the plugin's logLevel in the conflist: debug, info, warn, error (default: silent)")
+	f.StringVar(&o.CNILogFormat, "cni-log-format", "", "the plugin's logFormat in the conflist: text or json (default: the plugin's, text)")
 	f.StringVar(&o.AgentSocket, "agent-socket", "", "the plugin's agentSocket in the conflist: where tabbyd serves IPAM (default: the plugin's, /var/run/tabby/cni.sock)")
 	f.StringVar(&o.APIServer, "apiserver", "", "the API server's URL as the node reaches it (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
 	f.StringVar(&o.TokenFile, "token-file", installcni.DefaultTokenFile, "this pod's service-account token, which mints the CNI plugin's (or, with --cni-service-account=\"\", is the plugin's own)")
@@ -111,6 +121,7 @@ KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 		"NAMESPACE/NAME of the CNI plugin's service account, whose short-lived token the kubeconfig carries; \"\": put the --token-file token in the kubeconfig as it is")
 	f.DurationVar(&o.TokenLifetime, "cni-token-lifetime", cnitoken.DefaultLifetime, "lifetime of the CNI plugin's token (at least 10m; tabbyd --cni-token-lifetime decides the ones after the first)")
 	f.StringVar(&o.CAFile, "ca-file", installcni.DefaultCAFile, "the cluster's CA bundle")
+	logFlags = logging.AddFlags(f)
 	return cmd
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/internal/buildinfo"
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/logging"
 	"github.com/tabbynet/tabby/ipam/gc"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
@@ -30,7 +31,8 @@ import (
 
 func main() {
 	var cfg daemon.Config
-	var nodeIP, logLevel, iptMode, poolCIDR, poolEncap string
+	var nodeIP, iptMode, poolCIDR, poolEncap string
+	var logFlags *logging.Flags
 	var poolBlockSize int
 	cmd := &cobra.Command{
 		Use:     "tabbyd",
@@ -38,11 +40,10 @@ func main() {
 		Version: buildinfo.Version,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			var err error
+			if cfg.Log, err = logFlags.Logger(os.Stderr); err != nil {
+				return err
 			}
-			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 			if nodeIP != "" {
 				if cfg.NodeIP = net.ParseIP(nodeIP); cfg.NodeIP == nil {
 					return fmt.Errorf("--node-ip %q is not an IP address", nodeIP)
@@ -51,7 +52,6 @@ func main() {
 			if cfg.IPAMGCGrace <= 0 || cfg.IPAMGCInterval <= 0 {
 				return fmt.Errorf("--ipam-gc-grace (%v) and --ipam-gc-interval (%v) must be positive; turn the collector off with --ipam-gc=false", cfg.IPAMGCGrace, cfg.IPAMGCInterval)
 			}
-			var err error
 			if cfg.IPTablesBackend, err = iptbackend.ParseMode(iptMode); err != nil {
 				return fmt.Errorf("--iptables-backend: %w", err)
 			}
@@ -83,6 +83,8 @@ func main() {
 			return daemon.Run(ctx, cfg)
 		},
 		SilenceUsage: true,
+		// exitError prints the error: in the log's format once there is a log.
+		SilenceErrors: true,
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.NodeName, "nodename", "", "name of this node (default: the host name)")
@@ -111,8 +113,19 @@ func main() {
 	f.StringVar(&poolCIDR, "default-ipv4-pool-cidr", "", "create the IPPool "+daemon.DefaultPoolName+" with this CIDR when the cluster has no IPPool (as calico-node's CALICO_IPV4POOL_CIDR); \"\" never creates one")
 	f.IntVar(&poolBlockSize, "default-ipv4-pool-block-size", 0, "block size of the default IPv4 pool (0: 26)")
 	f.StringVar(&poolEncap, "default-ipv4-pool-encapsulation", "None", "encapsulation of the default IPv4 pool: "+strings.Join(daemon.Encapsulations, ", "))
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	logFlags = logging.AddFlags(f)
 	if err := cmd.Execute(); err != nil {
-		os.Exit(1)
+		exitError(cfg.Log, err)
 	}
+}
+
+// exitError reports the error that ends the program, as a log line when
+// the log is set up (so a JSON log ends with JSON), and exits 1.
+func exitError(log *slog.Logger, err error) {
+	if log != nil {
+		log.Error("tabbyd stopped", "error", err)
+	} else {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+	}
+	os.Exit(1)
 }
