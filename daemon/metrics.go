@@ -20,6 +20,8 @@ type routingMetrics struct {
 	lastReconcileOK prometheus.Gauge
 	rejected        *prometheus.GaugeVec
 	limitTrips      *prometheus.CounterVec
+	// gobgp is GoBGP's own per-peer collector of the running speaker.
+	gobgp *bgp.Collector
 }
 
 var sessionStates = []bgp.SessionState{bgp.StateIdle, bgp.StateConnect, bgp.StateActive, bgp.StateOpenSent, bgp.StateOpenConfirm, bgp.StateEstablished}
@@ -64,7 +66,8 @@ func newRoutingMetrics(reg prometheus.Registerer) *routingMetrics {
 		Name: "tabby_bgp_prefix_limit_exceeded_total",
 		Help: "Times a BGP session was closed because its peer sent more prefixes than its limit (BGPPeer maxPrefixes, BGPConfiguration nodeMeshMaxPrefixes), by peer address and address family.",
 	}, []string{"peer", "family"})
-	reg.MustRegister(m.rejected, m.limitTrips)
+	m.gobgp = bgp.NewCollector()
+	reg.MustRegister(m.rejected, m.limitTrips, m.gobgp)
 	reg.MustRegister(m.sessions, m.routes, m.reconciles, m.reconcileTime, m.applyErrors, m.kernelChanges, m.lastReconcileOK)
 	return m
 }

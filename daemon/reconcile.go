@@ -506,6 +506,7 @@ func (r *router) ensureSpeaker(ctx context.Context, as uint32, id netip.Addr, po
 			r.log.Warn("stopping the speaker", "err", err)
 		}
 		r.speaker = nil
+		r.metrics.gobgp.Set(nil)
 	}
 	restarting := r.firstStart && r.restarted
 	sp, err := bgp.Start(ctx, bgp.Config{RouterID: id, AS: as, ListenPort: port, Restarting: restarting,
@@ -515,6 +516,7 @@ func (r *router) ensureSpeaker(ctx context.Context, as uint32, id netip.Addr, po
 	}
 	r.log.Info("BGP speaker started", "as", as, "routerID", id, "port", port, "restarting", restarting)
 	r.speaker, r.speakerKey, r.firstStart = sp, key, false
+	r.metrics.gobgp.Set(sp)
 	return nil
 }
 
