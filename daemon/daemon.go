@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -115,10 +114,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	met, err := NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	// Every client of tabbyd is made from rc: count what they ask of the
 	// API server.
-	rc.WrapTransport = newAPIRequests(reg).wrap
+	rc.WrapTransport = met.api.wrap
 	ds, err := datastore.New(rc)
 	if err != nil {
 		return err
@@ -163,8 +165,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DefaultIPv4Pool != nil {
 		go ensureDefaultPool(ctx, ds, *cfg.DefaultIPv4Pool, cfg.Log)
 	}
-	routes, routingDone := startRouting(ctx, cfg, ds, backend, reg, mux)
-	policies, policyDone, err := startPolicy(ctx, cfg, rc, ds, backend, reg)
+	routes, routingDone := startRouting(ctx, cfg, ds, backend, met, mux)
+	policies, policyDone, err := startPolicy(ctx, cfg, rc, ds, backend, met)
 	if err != nil {
 		stop()
 		<-routingDone
@@ -224,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 			closeListeners()
 			return err
 		}
-		acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Registerer: reg}
+		acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Metrics: met.agent}
 		if policies != nil {
 			acfg.Policy = policies
 		}
@@ -246,7 +248,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	gcDone := make(chan struct{})
 	if cfg.IPAMGC {
-		if err := startIPAMGC(ctx, cfg, rc, ds, reg, gcDone); err != nil {
+		if err := startIPAMGC(ctx, cfg, rc, ds, met, gcDone); err != nil {
 			closeListeners()
 			stop()
 			<-agentDone
@@ -282,9 +284,9 @@ func Run(ctx context.Context, cfg Config) error {
 
 // startIPAMGC runs the IPAM garbage collector's election (and the
 // collector while elected) until ctx ends, then closes done.
-func startIPAMGC(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, reg prometheus.Registerer, done chan struct{}) error {
+func startIPAMGC(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, met *Metrics, done chan struct{}) error {
 	log := cfg.Log.With("component", "ipam-gc")
-	collector, err := gc.New(gc.Config{DS: ds, Grace: cfg.IPAMGCGrace, Interval: cfg.IPAMGCInterval, Log: log, Registerer: reg})
+	collector, err := gc.New(gc.Config{DS: ds, Grace: cfg.IPAMGCGrace, Interval: cfg.IPAMGCInterval, Log: log, Metrics: met.gc})
 	if err != nil {
 		return err
 	}

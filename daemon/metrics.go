@@ -1,13 +1,50 @@
 package daemon
 
 import (
+	"errors"
 	"net/netip"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/daemon/cniagent"
+	"github.com/tabbynet/tabby/daemon/netpol"
+	"github.com/tabbynet/tabby/ipam/gc"
 	"github.com/tabbynet/tabby/daemon/routing"
 )
+
+// Metrics are every metric tabbyd exports, registered at once by
+// NewMetrics, which Run calls with the registry /metrics serves: a test
+// that needs the names tabbyd exports (the Grafana dashboard's) calls it
+// too. Every loop's metrics are there, also those of loops a flag turns
+// off, which then stay at zero.
+type Metrics struct {
+	routing *routingMetrics
+	api     *apiRequests
+	policy  *netpol.Metrics
+	agent   *cniagent.Metrics
+	gc      *gc.Metrics
+}
+
+// NewMetrics registers all of tabbyd's metrics with reg: the Go runtime's
+// and the process's, the routing loop's (GoBGP's own per-peer collector
+// among them), the API requests', the policy loop's, the CNI agent's and
+// the IPAM garbage collector's.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	if err := errors.Join(reg.Register(collectors.NewGoCollector()), reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))); err != nil {
+		return nil, err
+	}
+	m := &Metrics{routing: newRoutingMetrics(reg), api: newAPIRequests(reg), gc: gc.NewMetrics(reg)}
+	var err error
+	if m.policy, err = netpol.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	if m.agent, err = cniagent.NewMetrics(reg); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
 
 // routingMetrics are the routing loop's Prometheus metrics.
 type routingMetrics struct {

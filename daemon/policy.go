@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
@@ -20,7 +19,7 @@ import (
 // ends; the rules stay in the kernel when tabbyd stops, so pods stay
 // protected across restarts. With cfg.NetworkPolicy off it removes instead
 // what an earlier run programmed, and returns a nil controller.
-func startPolicy(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, backend *iptbackend.Backend, reg prometheus.Registerer) (*netpol.Controller, <-chan struct{}, error) {
+func startPolicy(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics) (*netpol.Controller, <-chan struct{}, error) {
 	log := cfg.Log.With("loop", "policy")
 	done := make(chan struct{})
 	if !cfg.NetworkPolicy {
@@ -50,7 +49,7 @@ func startPolicy(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore
 		Recorder:     rec,
 		Resync:       cfg.PolicyResync,
 		Log:          cfg.Log,
-		Registerer:   reg,
+		Metrics:      met.policy,
 	})
 	if err != nil {
 		stopEvents()

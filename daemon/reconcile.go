@@ -54,6 +54,8 @@ type routerConfig struct {
 	DS         *datastore.Client
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
+	// Metrics, when set, are the loop's metrics instead of Registerer's.
+	Metrics *routingMetrics
 }
 
 // router is tabbyd's routing loop: it registers the node's routing
@@ -106,11 +108,14 @@ func newRouter(cfg routerConfig) *router {
 	if cfg.StartupHold <= 0 {
 		cfg.StartupHold = DefaultStartupHold
 	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = newRoutingMetrics(cfg.Registerer)
+	}
 	r := &router{
 		cfg:        cfg,
 		log:        cfg.Log.With("loop", "routing"),
 		applier:    routing.NewApplier(routing.Options{Log: cfg.Log.With("loop", "routing")}),
-		metrics:    newRoutingMetrics(cfg.Registerer),
+		metrics:    cfg.Metrics,
 		dirty:      make(chan struct{}, 1),
 		firstStart: true,
 	}

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
@@ -15,7 +14,7 @@ import (
 
 // startRouting starts the routing loop of cfg's node (until ctx ends) and
 // serves its status as JSON on GET /status of mux. /readyz asks its Ready.
-func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, reg prometheus.Registerer, mux *http.ServeMux) (*router, <-chan struct{}) {
+func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) (*router, <-chan struct{}) {
 	r := newRouter(routerConfig{
 		Node:        cfg.NodeName,
 		NodeIP:      cfg.NodeIP,
@@ -24,7 +23,7 @@ func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, backend
 		StartupHold: cfg.StartupHold,
 		DS:          ds,
 		Log:         cfg.Log,
-		Registerer:  reg,
+		Metrics:     met.routing,
 	})
 	if backend != nil {
 		r.applier.SetIPTablesBackend(*backend)

@@ -54,8 +54,24 @@ type Config struct {
 	Log  *slog.Logger
 }
 
-// NewMux returns the extender's routes, with its metrics in reg.
-func NewMux(cfg Config, reg *prometheus.Registry) *http.ServeMux {
+// Registry takes the extender's metrics and serves them.
+type Registry interface {
+	prometheus.Registerer
+	prometheus.Gatherer
+}
+
+// NewRegistry is the registry Run serves, before NewMux adds the
+// extender's own metrics: the Go runtime's and the process's. A test that
+// needs every name the extender exports calls both.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// NewMux returns the extender's routes, with its metrics in reg (with
+// Placements set, also those of binding).
+func NewMux(cfg Config, reg Registry) *http.ServeMux {
 	sched := cfg.Scheduler
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -98,9 +114,7 @@ func serve(ctx context.Context, ln net.Listener, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var handler http.Handler = NewMux(cfg, reg)
+	var handler http.Handler = NewMux(cfg, NewRegistry())
 	if cfg.ClientCAFile != "" {
 		handler = requireClientCert(handler)
 	}

@@ -50,6 +50,8 @@ type Config struct {
 	Log      *slog.Logger
 	// Registerer takes the agent's metrics (nil: none).
 	Registerer prometheus.Registerer
+	// Metrics, when set, are the agent's metrics instead of Registerer's.
+	Metrics *Metrics
 	// Policy answers policy-wait (package netpol's Controller); nil: this
 	// tabbyd enforces no NetworkPolicy and policy-wait answers at once.
 	Policy PolicyWaiter
@@ -110,7 +112,9 @@ func New(cfg Config) (*Agent, error) {
 	a.caches.podLookup = func(source string) { a.met.podLookups.WithLabelValues(source).Inc() }
 	a.ipam = ipam.New(cfg.DS, ipam.WithLogger(a.log), ipam.WithSource(a.caches))
 	a.ops = ipamops.Ops{DS: cfg.DS, IPAM: a.ipam}
-	if cfg.Registerer != nil {
+	if cfg.Metrics != nil {
+		a.met = cfg.Metrics.m
+	} else if cfg.Registerer != nil {
 		if err := a.met.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("cniagent: registering metrics: %w", err)
 		}

@@ -2,6 +2,7 @@ package cniagent
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -38,6 +39,19 @@ func newMetrics() metrics {
 			Help: "Requests refused because they name another node than this tabbyd's (a CNI config whose nodename or agentSocket is another node's).",
 		}),
 	}
+}
+
+// Metrics are the agent's metrics, made before the agent so that a
+// program registers all of its metrics in one place (daemon.NewMetrics).
+type Metrics struct{ m metrics }
+
+// NewMetrics registers the agent's metrics with r.
+func NewMetrics(r prometheus.Registerer) (*Metrics, error) {
+	m := newMetrics()
+	if err := m.register(r); err != nil {
+		return nil, fmt.Errorf("cniagent: registering metrics: %w", err)
+	}
+	return &Metrics{m}, nil
 }
 
 func (m metrics) register(r prometheus.Registerer) error {

@@ -112,8 +112,10 @@ type Config struct {
 	// DefaultJumpCheck and DefaultMinSyncGap (0 means the default).
 	Resync, JumpCheck, MinSyncGap time.Duration
 	Log                           *slog.Logger
-	// Registerer takes the loop's metrics (nil: none).
+	// Registerer takes the loop's metrics (nil: none), unless Metrics
+	// holds them already.
 	Registerer prometheus.Registerer
+	Metrics    *Metrics
 }
 
 // Controller is the NetworkPolicy loop of one node.
@@ -184,7 +186,9 @@ func New(cfg Config) (*Controller, error) {
 		changed:  make(chan struct{}),
 		backoff:  retryMin,
 	}
-	if cfg.Registerer != nil {
+	if cfg.Metrics != nil {
+		c.met = cfg.Metrics.m
+	} else if cfg.Registerer != nil {
 		if err := c.met.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("netpol: registering metrics: %w", err)
 		}

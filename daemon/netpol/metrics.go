@@ -2,6 +2,7 @@ package netpol
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -99,6 +100,19 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		r.Register(m.sets), r.Register(m.setMembers), r.Register(m.endpoints), r.Register(m.policies),
 		r.Register(m.problems), r.Register(m.lastSyncOK), r.Register(m.jumpChecks), r.Register(m.programmedAt),
 		r.Register(m.kernelChanges), r.Register(m.jumpRepairs), r.Register(m.overLimit))
+}
+
+// Metrics are the policy loop's metrics, made before the loop so that a
+// program registers all of its metrics in one place (daemon.NewMetrics).
+type Metrics struct{ m *metrics }
+
+// NewMetrics registers the policy loop's metrics with r.
+func NewMetrics(r prometheus.Registerer) (*Metrics, error) {
+	m := newMetrics()
+	if err := m.register(r); err != nil {
+		return nil, fmt.Errorf("netpol: registering metrics: %w", err)
+	}
+	return &Metrics{m}, nil
 }
 
 // observeRuleset sets the size gauges from a ruleset.

@@ -94,6 +94,8 @@ type Config struct {
 	// Log (default: discard). Registerer receives the metrics (nil: none).
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
+	// Metrics, when set, are the collector's metrics instead of Registerer's.
+	Metrics *Metrics
 }
 
 // GC is the garbage collector.
@@ -134,7 +136,13 @@ func New(cfg Config) (*GC, error) {
 	if cfg.IPAM == nil {
 		cfg.IPAM = ipam.New(cfg.DS, ipam.WithLogger(cfg.Log))
 	}
-	return &GC{cfg: cfg, ds: cfg.DS, ipam: cfg.IPAM, log: cfg.Log, met: newMetrics(cfg.Registerer), now: time.Now, seen: Seen{}}, nil
+	met := (*metrics)(nil)
+	if cfg.Metrics != nil {
+		met = cfg.Metrics.m
+	} else {
+		met = newMetrics(cfg.Registerer)
+	}
+	return &GC{cfg: cfg, ds: cfg.DS, ipam: cfg.IPAM, log: cfg.Log, met: met, now: time.Now, seen: Seen{}}, nil
 }
 
 // Passes is how many passes this collector has run.

@@ -57,6 +57,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// Metrics are the collector's metrics, made before it so that a program
+// registers all of its metrics in one place (daemon.NewMetrics).
+type Metrics struct{ m *metrics }
+
+// NewMetrics registers the collector's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics { return &Metrics{newMetrics(reg)} }
+
 const (
 	reclaimNodeDeleted = "node-deleted"
 	reclaimUnaffined   = "unaffined"
