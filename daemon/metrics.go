@@ -10,8 +10,8 @@ import (
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/daemon/cniagent"
 	"github.com/tabbynet/tabby/daemon/netpol"
-	"github.com/tabbynet/tabby/ipam/gc"
 	"github.com/tabbynet/tabby/daemon/routing"
+	"github.com/tabbynet/tabby/ipam/gc"
 )
 
 // Metrics are every metric tabbyd exports, registered at once by
