@@ -109,6 +109,11 @@ func TestTabbyctlPod(t *testing.T) {
 		t.Errorf("tabbyctl ipam show does not list the pool 198.18.240.0/24:\n%s", out)
 	}
 	run("ipam", "check")
+	// bgp graph reads the Nodes, the BGPConfiguration and the BGPPeers;
+	// without pods/exec it draws the configured sessions only.
+	if out := run("bgp", "graph", "--no-status"); !strings.Contains(out, "digraph") {
+		t.Errorf("tabbyctl bgp graph --no-status prints no graph:\n%s", out)
+	}
 
 	// Read-only: a write and a Secret are Forbidden.
 	cfg := rest.AnonymousClientConfig(clustertest.Config())
