@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"net"
 
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
 // Allocator is what the plugins need of tabby's IPAM. There are two: tabbyd's

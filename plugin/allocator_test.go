@@ -14,7 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
 // fakeAgent serves agentapi on a unix socket: assign answers with

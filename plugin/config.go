@@ -16,7 +16,7 @@ import (
 	"gopkg.in/natefinch/lumberjack.v2"
 	"k8s.io/klog/v2"
 
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/internal/logging"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
 // ErrPluginNotAvailable is the CNI 1.1 error code STATUS returns when the

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
 // fakeAllocator is an in-memory Allocator.

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
+	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
 func TestHostVethName(t *testing.T) {

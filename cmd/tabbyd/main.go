@@ -17,8 +17,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/daemon"
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 	"github.com/tabbynet/tabby/daemon/cnitoken"
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/internal/buildinfo"

@@ -35,10 +35,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
-	"github.com/tabbynet/tabby/daemon/cniagent/ipamops"
+	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/ipam/ipamops"
 )
 
 // Config configures the agent.

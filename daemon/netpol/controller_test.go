@@ -35,8 +35,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/daemon/cniagent"
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/policy"

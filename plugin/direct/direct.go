@@ -12,10 +12,10 @@ import (
 	"net"
 	"time"
 
-	"github.com/tabbynet/tabby/daemon/cniagent/agentapi"
-	"github.com/tabbynet/tabby/daemon/cniagent/ipamops"
+	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/ipam/ipamops"
 	"github.com/tabbynet/tabby/plugin"
 )
 
