@@ -14,6 +14,8 @@ import (
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 // Heartbeat timing: tabbyd renews its Lease as soon as it is ready and then
@@ -27,10 +29,6 @@ const (
 	HeartbeatDuration = 40 * time.Second
 	HeartbeatRetryMin = time.Second
 )
-
-// HeartbeatLeaseName is the name of node's heartbeat Lease in tabbyd's
-// namespace (tabby-scheduler-extender's network plugin reads it).
-func HeartbeatLeaseName(node string) string { return "tabbyd-" + node }
 
 // retryDelay is how long the heartbeat waits after its failures-th failure
 // in a row (failures >= 1): HeartbeatRetryMin doubled per failure, capped
@@ -120,7 +118,7 @@ func newHeartbeat(rc *rest.Config, namespace, node string, ready func() error, l
 		return nil, fmt.Errorf("heartbeat: building the coordination.k8s.io client: %w", err)
 	}
 	leases := cs.Leases(namespace)
-	name := HeartbeatLeaseName(node)
+	name := contract.HeartbeatLeaseName(node)
 	return &heartbeat{
 		ready: ready,
 		renew: func(ctx context.Context) error { return renewLease(ctx, leases, name, node) },

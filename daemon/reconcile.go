@@ -20,6 +20,7 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/daemon/routing"
 	"github.com/tabbynet/tabby/datastore"
@@ -29,7 +30,7 @@ import (
 // Defaults of the routing loop.
 const (
 	// DefaultNamespace is where tabbyd runs and reads BGP passwords from.
-	DefaultNamespace = "tabby-system"
+	DefaultNamespace = contract.DefaultNamespace
 	// DefaultResync is how often the loop reconciles without an event.
 	DefaultResync = 30 * time.Second
 	// minReconcileGap spaces reconciles under a storm of events: what

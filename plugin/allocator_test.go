@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
@@ -120,13 +121,13 @@ func TestAgentAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ips, err := ipamAdd(ctx, c, "cid", PodID{Namespace: "ns", Name: "p"}, alloc, discard)
+	ips, err := ipamAdd(ctx, c, "cid", contract.PodID{Namespace: "ns", Name: "p"}, alloc, discard)
 	if err != nil || len(ips) != 1 || ips[0].Address.String() != "10.9.0.1/32" {
 		t.Fatalf("ADD through the agent: %v, %v", ips, err)
 	}
 
 	agent.setAssignErr(&agentapi.Error{Message: `no address available: no IPv4 address for pod ns/p on node n1: tried pool p (10.9.0.0/26): ...`, Exhausted: true})
-	_, err = ipamAdd(ctx, c, "cid2", PodID{Namespace: "ns", Name: "p"}, alloc, discard)
+	_, err = ipamAdd(ctx, c, "cid2", contract.PodID{Namespace: "ns", Name: "p"}, alloc, discard)
 	var te *types.Error
 	if err == nil || errors.As(err, &te) || !strings.Contains(err.Error(), "tabby: assigning addresses to pod ns/p (container cid2) on node n1: no address available") {
 		t.Errorf("exhausted through the agent: %v", err)
@@ -136,7 +137,7 @@ func TestAgentAnswers(t *testing.T) {
 	}
 
 	agent.setAssignErr(&agentapi.Error{Message: "the Kubernetes API server at https://x cannot be reached", Unreachable: true})
-	_, err = ipamAdd(ctx, c, "cid3", PodID{}, alloc, discard)
+	_, err = ipamAdd(ctx, c, "cid3", contract.PodID{}, alloc, discard)
 	if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater {
 		t.Errorf("unreachable through the agent: %v, want code %d", err, types.ErrTryAgainLater)
 	}

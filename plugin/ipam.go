@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
@@ -22,7 +23,7 @@ const ErrPluginNotAvailable uint = 50
 // (or its namespace's) pick pools and addresses, the config's lists apply
 // otherwise; the allocator serialises the node's assignments. On failure
 // nothing stays allocated under the handle.
-func ipamAdd(ctx context.Context, c *Config, containerID string, pod PodID, alloc Allocator, log *slog.Logger) ([]*current.IPConfig, error) {
+func ipamAdd(ctx context.Context, c *Config, containerID string, pod contract.PodID, alloc Allocator, log *slog.Logger) ([]*current.IPConfig, error) {
 	req := agentapi.AssignRequest{
 		HandleID:  c.HandleID(containerID),
 		Node:      c.NodeName,
@@ -173,7 +174,7 @@ func cleanupContext(ctx context.Context, c *Config) (context.Context, context.Ca
 	return context.WithTimeout(context.WithoutCancel(ctx), c.Timeout)
 }
 
-func describe(pod PodID, containerID string) string {
+func describe(pod contract.PodID, containerID string) string {
 	if pod.Known() {
 		return "pod " + pod.String() + " (container " + containerID + ")"
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
@@ -91,7 +92,7 @@ func TestIPAMAddRequest(t *testing.T) {
 	c := testConfig(t)
 	c.IPv4Pools = []string{"configured"}
 	f := &fakeAllocator{handles: map[string][]net.IP{}}
-	ips, err := ipamAdd(context.Background(), c, "cid", PodID{Namespace: "ns", Name: "p", UID: "u1"}, f, discard)
+	ips, err := ipamAdd(context.Background(), c, "cid", contract.PodID{Namespace: "ns", Name: "p", UID: "u1"}, f, discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestIPAMAddRequest(t *testing.T) {
 		t.Errorf("config choices not passed: %+v", r)
 	}
 	// Without a pod identity: no pod in the request.
-	if _, err := ipamAdd(context.Background(), c, "cid2", PodID{}, f, discard); err != nil {
+	if _, err := ipamAdd(context.Background(), c, "cid2", contract.PodID{}, f, discard); err != nil {
 		t.Fatal(err)
 	}
 	if r := f.requests[1]; r.Namespace != "" || r.Pod != "" {
@@ -143,7 +144,7 @@ func TestDatastoreErrorCodes(t *testing.T) {
 func TestIPAMAddFailureReleases(t *testing.T) {
 	c := testConfig(t)
 	f := &fakeAllocator{handles: map[string][]net.IP{}, assignErr: errors.New("pool exhausted")}
-	_, err := ipamAdd(context.Background(), c, "cid", PodID{}, f, discard)
+	_, err := ipamAdd(context.Background(), c, "cid", contract.PodID{}, f, discard)
 	if err == nil || !strings.Contains(err.Error(), "pool exhausted") || !strings.Contains(err.Error(), "container cid") {
 		t.Errorf("error %v", err)
 	}

@@ -1,43 +1,28 @@
 package plugin
 
 import (
-	"crypto/sha1"
-	"encoding/hex"
-	"regexp"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/skel"
+
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
-func TestHostVethName(t *testing.T) {
-	sum := func(s string) string { h := sha1.Sum([]byte(s)); return "tab" + hex.EncodeToString(h[:])[:11] }
-	pod := PodID{Namespace: "default", Name: "web-0"}
-	for _, tc := range []struct {
-		name       string
-		pod        PodID
-		cid, ifn   string
-		want       string
-		sameAsPrev bool
-	}{
-		{"pod identity", pod, "c1", "eth0", sum("default/web-0"), false},
-		{"pod identity ignores container", pod, "c2", "eth0", sum("default/web-0"), false},
-		{"second interface", pod, "c1", "net1", sum("default/web-0/net1"), false},
-		{"no identity", PodID{}, "c1", "eth0", sum("c1/eth0"), false},
-		{"half identity counts as none", PodID{Namespace: "default"}, "c1", "eth0", sum("c1/eth0"), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := HostVethName(tc.pod, tc.cid, tc.ifn)
-			if got != tc.want {
-				t.Errorf("got %q want %q", got, tc.want)
-			}
-			if len(got) != 14 || !regexp.MustCompile(`^tab[0-9a-f]{11}$`).MatchString(got) {
-				t.Errorf("%q is not tab + 11 hex digits (and must fit IFNAMSIZ)", got)
-			}
-		})
+func TestAttachmentNameIsTabbyds(t *testing.T) {
+	// The plugin names the host veth from CNI_ARGS and the container ID;
+	// tabbyd's policy rules name it from the Pod alone: both must agree
+	// for the rules to meet the pod's traffic.
+	args := &skel.CmdArgs{ContainerID: "c1", IfName: "eth0",
+		Args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-abc;K8S_POD_INFRA_CONTAINER_ID=c1"}
+	_, got, _, err := attachment(&Config{Name: "k8s-pod-network"}, args)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if HostVethName(PodID{Namespace: "a", Name: "b"}, "c", "eth0") == HostVethName(PodID{Namespace: "a", Name: "c"}, "c", "eth0") {
-		t.Error("different pods share a name")
+	want := contract.HostVethName(contract.PodID{Namespace: "kube-system", Name: "coredns-abc"}, "", contract.DefaultIfName)
+	if got != want {
+		t.Errorf("the plugin names the veth %q, tabbyd %q", got, want)
 	}
 }
 

@@ -40,6 +40,8 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 	cniipam "github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 // SupportedVersions are the CNI spec versions the plugins speak (VERSION).
@@ -145,12 +147,12 @@ func run(d Deps, name string, cmd Command, needsIPAM func(*Config) bool) func(*s
 }
 
 // attachment names what one ADD wires.
-func attachment(c *Config, args *skel.CmdArgs) (PodID, string, Attachment, error) {
+func attachment(c *Config, args *skel.CmdArgs) (contract.PodID, string, Attachment, error) {
 	pod, err := ParseArgs(args.Args)
 	if err != nil {
 		return pod, "", Attachment{}, err
 	}
-	return pod, HostVethName(pod, args.ContainerID, args.IfName), Attachment{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}, nil
+	return pod, contract.HostVethName(pod, args.ContainerID, args.IfName), Attachment{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}, nil
 }
 
 // CmdAdd wires a pod: addresses from IPAM, a veth pair, routes on both
@@ -334,7 +336,7 @@ func CmdDel(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 	if err != nil {
 		log.Warn("ignoring malformed CNI_ARGS on DEL", "error", err)
 	}
-	hostVeth := HostVethName(pod, args.ContainerID, args.IfName)
+	hostVeth := contract.HostVethName(pod, args.ContainerID, args.IfName)
 	att := Attachment{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}
 	deleted, err := DeleteHostVeth(hostVeth, att)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
@@ -31,7 +32,7 @@ const policyWaitGrace = time.Second
 // answers on agentSocket (tabbyd's rules left in the kernel drop the
 // traffic of a pod it does not know, --policy-deny-unlisted), unless
 // policyWaitRequired is set: then ADD fails until tabbyd runs.
-func waitPolicy(ctx context.Context, c *Config, alloc Allocator, pod PodID, containerID string, ips []net.IPNet, log *slog.Logger) error {
+func waitPolicy(ctx context.Context, c *Config, alloc Allocator, pod contract.PodID, containerID string, ips []net.IPNet, log *slog.Logger) error {
 	if c.PolicyWaitTimeout <= 0 || !pod.Known() {
 		return nil
 	}

@@ -14,12 +14,14 @@ import (
 	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 // RouteProtocol marks the routes tabby owns (the host-side pod routes); the
 // daemon recognises them by it. It is the rtnetlink protocol number shown by
 // `ip route` as "proto 80".
-const RouteProtocol netlink.RouteProtocol = 80
+const RouteProtocol netlink.RouteProtocol = contract.RouteProtocolPod
 
 // Link-local gateways every pod routes through. The host end of the veth
 // carries fe80::1 itself and answers ARP for 169.254.1.1 by proxy; the pod

@@ -10,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 // Families by index: 0 is IPv4, 1 is IPv6.
@@ -22,7 +24,7 @@ const (
 	markSet   = "0x10000/0x10000"
 	markClear = "0x0/0x10000"
 	// jumpComment marks the one rule tabby keeps in FORWARD.
-	jumpComment = "tabby:network-policy"
+	jumpComment = contract.CommentPrefix + "network-policy"
 	// nsNameLabel is the label the API server puts on every Namespace.
 	nsNameLabel = "kubernetes.io/metadata.name"
 )

@@ -23,12 +23,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 // Names every set and chain tabby owns starts with.
 const (
 	SetPrefix   = "tabby-np-"
-	ChainPrefix = "TABBY-"
+	ChainPrefix = contract.ChainPrefix
 	// PolicyChainPrefix starts the name of every chain a Ruleset holds
 	// (it starts with ChainPrefix): the applier may delete any chain of the
 	// filter table with this prefix that the Ruleset does not list, and must
@@ -37,15 +39,14 @@ const (
 )
 
 // DefaultHostVethPrefix starts the name of every host-side veth tabby's CNI
-// plugin creates; it is plugin.HostVethPrefix, repeated here so the pure
-// compiler does not import the plugin. Input.HostVethPrefix overrides it.
-const DefaultHostVethPrefix = "tab"
+// plugin creates. Input.HostVethPrefix overrides it.
+const DefaultHostVethPrefix = contract.HostVethPrefix
 
 // DeviceIfacePrefix starts the names of tabby's own devices (tabby.vxlan),
 // which also start with DefaultHostVethPrefix but are no pod's veth (a veth
 // is "tab" and 11 hex digits, never "tabby…"): the rules treat them as
 // any other non-pod interface, and no Endpoint may use such a HostIface.
-const DeviceIfacePrefix = "tabby"
+const DeviceIfacePrefix = contract.DeviceIfacePrefix
 
 // Address families, as ipset names them (Set.Family, Chain.Family).
 const (

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
 )
@@ -65,7 +66,7 @@ type StatusSource struct {
 func DefaultStatusSource(cfg *rest.Config) StatusSource {
 	return StatusSource{
 		Config:    cfg,
-		Namespace: "tabby-system",
+		Namespace: contract.DefaultNamespace,
 		Selector:  "app.kubernetes.io/name=tabby-node",
 		Container: "tabbyd",
 		Command:   []string{"tabbyctl", "node", "status", "-o", "json"},

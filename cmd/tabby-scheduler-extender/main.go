@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/buildinfo"
 	"github.com/tabbynet/tabby/internal/logging"
@@ -100,7 +101,7 @@ func main() {
 	f.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "PEM CA certificates; when set (with --tls-cert-file), every request but GET /healthz needs a client certificate they signed (kube-scheduler's extender tlsConfig certFile and keyFile)")
 	f.Int64Var(&cfg.MaxRequestBytes, "max-request-bytes", extender.DefaultMaxRequestBytes, "largest request body accepted; larger ones get 413 (4 MiB fits nodeCacheCapable requests of 5,000 nodes; full Nodes, nodeCacheCapable: false, need about 10 KB a node)")
 	f.IntVar(&cfg.MaxRequestsInflight, "max-requests-inflight", extender.DefaultMaxRequestsInflight, "requests decoded and answered at once; more wait up to 1s for a slot, then get 503")
-	f.StringVar(&namespace, "tabbyd-namespace", "tabby-system", "namespace where each tabbyd renews its heartbeat Lease (tabbyd's --namespace)")
+	f.StringVar(&namespace, "tabbyd-namespace", contract.DefaultNamespace, "namespace where each tabbyd renews its heartbeat Lease (tabbyd's --namespace)")
 	f.BoolVar(&checkTabbyd, "require-tabbyd", true, "filter out nodes whose tabbyd heartbeat Lease is missing or lapsed")
 	f.BoolVar(&ipv4, "ipv4", true, "pods get an IPv4 address (as the CNI config's ipam.assignIPv4)")
 	f.BoolVar(&ipv6, "ipv6", false, "pods get an IPv6 address (as the CNI config's ipam.assignIPv6)")

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/bgp/graph"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -85,7 +86,7 @@ Mesh sessions are lines; a reflector's sessions are arrows to its clients.
 	}
 	addKubeFlags(cmd, &kube)
 	cmd.Flags().StringVar(&format, "format", "dot", "dot (Graphviz) or mermaid")
-	cmd.Flags().StringVar(&namespace, "namespace", "tabby-system", "namespace of the tabby-node pods, whose tabbyd is asked for its status")
+	cmd.Flags().StringVar(&namespace, "namespace", contract.DefaultNamespace, "namespace of the tabby-node pods, whose tabbyd is asked for its status")
 	cmd.Flags().BoolVar(&noStatus, "no-status", false, "draw the configured topology only: ask no tabbyd (no pods/exec needed)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the API server and the nodes")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{"dot", "mermaid"}, cobra.ShellCompDirectiveNoFileComp))

@@ -29,12 +29,14 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 const (
 	// DefaultNamespace and DefaultServiceAccount name the CNI plugin's
 	// service account.
-	DefaultNamespace      = "tabby-system"
+	DefaultNamespace      = contract.DefaultNamespace
 	DefaultServiceAccount = "tabby-cni"
 	// DefaultLifetime is the lifetime asked of the API server (it may
 	// grant less: --service-account-max-token-expiration).

@@ -11,7 +11,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/plugin"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -95,12 +95,12 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 }
 
 // HostIface is the name of the host end of a pod's veth: the CNI plugin
-// derives it from the pod's namespace and name (plugin.HostVethName, for
+// derives it from the pod's namespace and name (contract.HostVethName, for
 // the interface eth0 every container runtime asks for), so it is known
 // before the plugin creates it, and rules naming it are in place when it
 // appears.
 func HostIface(p *corev1.Pod) string {
-	return plugin.HostVethName(plugin.PodID{Namespace: p.Namespace, Name: p.Name}, "", plugin.DefaultIfName)
+	return contract.HostVethName(contract.PodID{Namespace: p.Namespace, Name: p.Name}, "", contract.DefaultIfName)
 }
 
 // endpointPod tells the pods policies apply to: not on the host's network,

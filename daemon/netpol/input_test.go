@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/plugin"
+	"github.com/tabbynet/tabby/contract"
 )
 
 func testPod(ns, name, node string, mod ...func(*corev1.Pod)) *corev1.Pod {
@@ -70,7 +70,7 @@ type ep struct {
 func TestBuildInput(t *testing.T) {
 	const node = "n1"
 	veth := func(ns, name string) string {
-		return plugin.HostVethName(plugin.PodID{Namespace: ns, Name: name}, "", "eth0")
+		return contract.HostVethName(contract.PodID{Namespace: ns, Name: name}, "", "eth0")
 	}
 	attr := func(ns, pod, node string) tabbyv1.AllocationAttribute {
 		return tabbyv1.AllocationAttribute{HandleID: "net." + pod, Use: tabbyv1.UseWorkload, Namespace: ns, Pod: pod, Node: node}
@@ -189,15 +189,13 @@ func TestBuildInputSortsAndKeepsObjects(t *testing.T) {
 }
 
 func TestHostIfaceIsThePluginsName(t *testing.T) {
-	// The plugin names the host veth from CNI_ARGS; the controller from
-	// the Pod: both must agree for the rules to meet the pod's traffic.
+	// The plugin names the host veth from the pod identity in CNI_ARGS and
+	// the container ID (plugin's TestAttachmentNameIsTabbyds checks it
+	// does so with contract.HostVethName); the controller from the Pod:
+	// both must agree for the rules to meet the pod's traffic.
 	p := testPod("kube-system", "coredns-abc", "n1")
-	args := "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-abc;K8S_POD_INFRA_CONTAINER_ID=c1"
-	id, err := plugin.ParseArgs(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := HostIface(p), plugin.HostVethName(id, "c1", "eth0"); got != want || len(got) > 15 {
+	id := contract.PodID{Namespace: "kube-system", Name: "coredns-abc"}
+	if got, want := HostIface(p), contract.HostVethName(id, "c1", "eth0"); got != want || len(got) > 15 {
 		t.Errorf("HostIface %q, the plugin's %q", got, want)
 	}
 }

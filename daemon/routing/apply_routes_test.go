@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/plugin"
+	"github.com/tabbynet/tabby/contract"
 )
 
 var dualStackNever = []v1.IPPool{
@@ -151,9 +151,9 @@ func TestApplyUnreachableNextHop(t *testing.T) {
 	}
 }
 
-// plugin.RouteProtocol is not ours: the applier must never match it.
+// contract.RouteProtocolPod is not ours: the applier must never match it.
 func TestRouteProtocolIsNotTheCNIPlugins(t *testing.T) {
-	if RouteProtocol == plugin.RouteProtocol {
+	if RouteProtocol == contract.RouteProtocolPod {
 		t.Fatalf("routing.RouteProtocol %d equals the CNI plugin's", RouteProtocol)
 	}
 }

@@ -14,11 +14,12 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 )
 
 // natJump is the POSTROUTING rule that enters NATChain.
-var natJump = []string{"-m", "comment", "--comment", "tabby:nat-outgoing", "-j", NATChain}
+var natJump = []string{"-m", "comment", "--comment", contract.CommentPrefix + "nat-outgoing", "-j", NATChain}
 
 // natFamily is one family's names.
 type natFamily struct {

@@ -33,17 +33,20 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 // Names and numbers of what tabby programs on a node.
 const (
 	// RouteProtocol marks every route the applier programs; `ip route`
 	// shows it as "proto 81". The CNI plugin's pod routes carry 80
-	// (plugin.RouteProtocol) and are never touched here.
-	RouteProtocol netlink.RouteProtocol = 81
+	// (contract.RouteProtocolPod) and are never touched here.
+	RouteProtocol netlink.RouteProtocol = contract.RouteProtocolNode
 
-	// VXLANDevice is the VXLAN device tabby owns.
-	VXLANDevice = "tabby.vxlan"
+	// VXLANDevice is the VXLAN device tabby owns; its prefix keeps it out
+	// of the policy rules' pod interfaces.
+	VXLANDevice = contract.DeviceIfacePrefix + ".vxlan"
 	// VXLANVNI and VXLANPort are its VXLAN network identifier and UDP port.
 	VXLANVNI  = 4096
 	VXLANPort = 4789
@@ -62,7 +65,7 @@ const (
 
 	// NATChain is the nat-table chain POSTROUTING jumps to for NAT
 	// outgoing (the same name in iptables and ip6tables).
-	NATChain = "TABBY-NAT-OUTGOING"
+	NATChain = contract.ChainPrefix + "NAT-OUTGOING"
 	// SetAllPools holds every pool's CIDR (hash:net); SetNATPools the
 	// CIDRs of pools with natOutgoing. IPv6 sets carry SetSuffixV6.
 	SetAllPools = "tabby-masq-pools"

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/plugin"
 	"github.com/tabbynet/tabby/test/cluster/clustertest"
@@ -188,7 +189,7 @@ func (n *testNode) hostVeths(t *testing.T) map[string]netlink.Link {
 			return err
 		}
 		for _, l := range links {
-			if strings.HasPrefix(l.Attrs().Name, plugin.HostVethPrefix) {
+			if strings.HasPrefix(l.Attrs().Name, contract.HostVethPrefix) {
 				out[l.Attrs().Name] = l
 			}
 		}

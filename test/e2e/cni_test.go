@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/plugin"
 	"github.com/tabbynet/tabby/test/cluster/clustertest"
 	"github.com/tabbynet/tabby/test/testnet"
@@ -103,7 +104,7 @@ func TestCNIAddCheckDel(t *testing.T) {
 	if !ipc.Gateway.Equal(plugin.GatewayV4) {
 		t.Errorf("gateway %s, want %s", ipc.Gateway, plugin.GatewayV4)
 	}
-	wantVeth := plugin.HostVethName(plugin.PodID{Namespace: "default", Name: "web-0"}, pod.ContainerID, "eth0")
+	wantVeth := contract.HostVethName(contract.PodID{Namespace: "default", Name: "web-0"}, pod.ContainerID, "eth0")
 	if len(res.Interfaces) != 2 || res.Interfaces[0].Name != wantVeth || res.Interfaces[1].Name != "eth0" || res.Interfaces[1].Sandbox != pod.NS.Path() {
 		t.Errorf("interfaces %+v, want [%s, eth0 in %s]", res.Interfaces, wantVeth, pod.NS.Path())
 	}

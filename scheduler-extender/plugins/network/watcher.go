@@ -13,12 +13,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/datastore"
 )
-
-// HeartbeatLeasePrefix starts the name of the Lease each tabbyd renews in
-// its namespace while it is ready: "tabbyd-<node>".
-const HeartbeatLeasePrefix = "tabbyd-"
 
 // Watcher keeps Inputs from informers: every IPPool, IPAMBlock and the
 // IPAMConfiguration, and the tabbyd heartbeat Leases of one namespace.
@@ -155,7 +152,7 @@ func (w *Watcher) SetConfig(c *tabbyv1.IPAMConfiguration) {
 
 // SetLease records a tabbyd heartbeat.
 func (w *Watcher) SetLease(l *coordinationv1.Lease) {
-	node, ok := nodeOfLease(l.Name)
+	node, ok := contract.NodeOfHeartbeatLease(l.Name)
 	if !ok {
 		return
 	}
@@ -168,16 +165,9 @@ func (w *Watcher) SetLease(l *coordinationv1.Lease) {
 
 // DeleteLease forgets a heartbeat.
 func (w *Watcher) DeleteLease(name string) {
-	if node, ok := nodeOfLease(name); ok {
+	if node, ok := contract.NodeOfHeartbeatLease(name); ok {
 		w.changed(func() { delete(w.heartbeats, node) })
 	}
-}
-
-func nodeOfLease(name string) (string, bool) {
-	if len(name) <= len(HeartbeatLeasePrefix) || name[:len(HeartbeatLeasePrefix)] != HeartbeatLeasePrefix {
-		return "", false
-	}
-	return name[len(HeartbeatLeasePrefix):], true
 }
 
 // Inputs is the state now. The slices and maps are shared between calls
