@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/deploy"
 )
 
@@ -52,8 +53,9 @@ func TestManifestObjects(t *testing.T) {
 		}
 		seen[id] = true
 		order = append(order, o.GetKind())
-		if o.GetNamespace() != "" && o.GetNamespace() != "tabby-system" {
-			t.Errorf("%s is outside tabby-system", id)
+		// The programs' --namespace defaults are contract.DefaultNamespace.
+		if o.GetNamespace() != "" && o.GetNamespace() != contract.DefaultNamespace {
+			t.Errorf("%s is outside %s, the namespace tabby's programs default to", id, contract.DefaultNamespace)
 		}
 	}
 	for _, id := range []string{
