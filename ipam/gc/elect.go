@@ -111,6 +111,7 @@ func (g *GC) RunElected(ctx context.Context, e Election) error {
 			g.leading.Store(false)
 			g.met.leader.Set(0)
 			g.met.candidates.Set(0) // the next leader counts them
+			g.met.pools.set(nil)    // and exports the pools' usage
 			g.log.Info("stopped leading the IPAM garbage collection", "identity", e.Identity)
 		}()
 		for wctx.Err() == nil {

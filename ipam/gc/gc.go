@@ -200,6 +200,7 @@ func (g *GC) passLocked(ctx context.Context, r reader) (PassResult, error) {
 		return res, wrapDS(g.ds, err)
 	}
 	g.decided = g.now()
+	g.met.pools.set(PoolUsages(snap))
 	plan, seen := Compute(snap, g.seen, g.decided, g.cfg.Grace)
 	g.seen = seen
 	res.NextDue = plan.NextDue

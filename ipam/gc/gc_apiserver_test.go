@@ -663,3 +663,67 @@ func TestRecordsRepaired(t *testing.T) {
 		t.Errorf("the live handle's record: %v", err)
 	}
 }
+
+// TestPoolUsageMetrics: the pool gauges of a pass match what IPAM
+// allocated on the real API server, follow a release, and a deleted
+// pool's series go.
+func TestPoolUsageMetrics(t *testing.T) {
+	ds := client(t)
+	fresh(t, ds)
+	mkPool(t, ds, "usage-a", "10.62.0.0/24", 28)
+	mkPool(t, ds, "usage-b", "10.63.0.0/26", 30)
+	mkNode(t, ds, "n1")
+	mkNode(t, ds, "n2")
+	m := ipam.New(ds)
+	inPool := func(handle, node, pool string) {
+		t.Helper()
+		req := ipam.Request{HandleID: handle, Node: node, IPv4: true, IPv4Pools: []string{pool}}
+		if _, err := m.Assign(context.Background(), req); err != nil {
+			t.Fatalf("assigning for %s in %s: %v", handle, pool, err)
+		}
+	}
+	// a: 3 on n1 and 1 on n2 (a /28 block each); b: 5 on n1 (two /30 blocks).
+	for i := range 3 {
+		inPool("net.a1-"+strconv.Itoa(i), "n1", "usage-a")
+	}
+	inPool("net.a2", "n2", "usage-a")
+	for i := range 5 {
+		inPool("net.b1-"+strconv.Itoa(i), "n1", "usage-b")
+	}
+
+	g, reg := newGC(t, ds, time.Hour)
+	passes(t, g, 1)
+	want := func(pool string, size, allocatable, allocated, blocks float64) {
+		t.Helper()
+		for name, v := range map[string]float64{"tabby_ipam_pool_size": size, "tabby_ipam_pool_allocatable": allocatable,
+			"tabby_ipam_pool_allocated": allocated, "tabby_ipam_pool_blocks": blocks} {
+			if got := metric(t, reg, name, pool); got != v {
+				t.Errorf("%s{pool=%q} = %v, want %v", name, pool, got, v)
+			}
+		}
+	}
+	want("usage-a", 256, 252, 4, 2)
+	want("usage-b", 64, 59, 5, 2)
+
+	if err := m.ReleaseHandle(context.Background(), "net.a2", "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.IPPools.Delete(context.Background(), "usage-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	passes(t, g, 1)
+	want("usage-a", 256, 253, 3, 2) // n2's empty block stays: its node's last
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, mt := range mf.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "pool" && l.GetValue() == "usage-b" {
+					t.Errorf("%s still has a series for the deleted pool usage-b", mf.GetName())
+				}
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ type metrics struct {
 	passTime   prometheus.Histogram
 	passes     *prometheus.CounterVec
 	leader     prometheus.Gauge
+	pools      *poolGauges
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -44,6 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tabby_ipam_gc_leader",
 			Help: "1 while this tabbyd holds the IPAM garbage collector's Lease and runs its passes, else 0.",
 		}),
+		pools: newPoolGauges(),
 	}
 	for _, r := range []Reason{ReasonPodGone, ReasonPodFinished, ReasonPodOtherAddresses, ReasonNodeGone} {
 		m.releases.WithLabelValues(string(r))
@@ -52,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.blocks.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.candidates, m.releases, m.blocks, m.repairs, m.passTime, m.passes, m.leader)
+		reg.MustRegister(m.candidates, m.releases, m.blocks, m.repairs, m.passTime, m.passes, m.leader, m.pools)
 	}
 	return m
 }
