@@ -42,6 +42,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/tabbynet/tabby/contract"
+	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
 // SupportedVersions are the CNI spec versions the plugins speak (VERSION).
@@ -96,9 +97,9 @@ func TabbyFuncs(d Deps) skel.CNIFuncs {
 	ipamOnly := (*Config).TabbyIPAM
 	return skel.CNIFuncs{
 		// ADD also reads the pools to work out the MTU.
-		Add:    run(d, "tabby", CmdAdd, func(c *Config) bool { return c.TabbyIPAM() || c.MTU == 0 }),
+		Add:    reported(d, agentapi.CommandAdd, run(d, "tabby", CmdAdd, func(c *Config) bool { return c.TabbyIPAM() || c.MTU == 0 })),
 		Check:  run(d, "tabby", CmdCheck, ipamOnly),
-		Del:    run(d, "tabby", CmdDel, ipamOnly),
+		Del:    reported(d, agentapi.CommandDel, run(d, "tabby", CmdDel, ipamOnly)),
 		GC:     run(d, "tabby", CmdGC, ipamOnly),
 		Status: run(d, "tabby", CmdStatus, ipamOnly),
 	}

@@ -29,6 +29,7 @@ const (
 	EndpointPools       = "usable-pools"
 	EndpointPing        = "ping"
 	EndpointPolicyWait  = "policy-wait"
+	EndpointReport      = "report"
 )
 
 // AssignRequest asks for the addresses of one attachment: the fields of an
@@ -126,6 +127,25 @@ type PolicyWaitResponse struct {
 	// Generation is the number of the policy sync that programmed the pod.
 	Generation uint64 `json:"generation,omitempty"`
 }
+
+// CommandReport is what the tabby plugin measured of one ADD or DEL,
+// sent to tabbyd as the command ends: the plugin exits after each command,
+// so tabbyd keeps the histogram (tabby_cni_command_duration_seconds).
+type CommandReport struct {
+	// Command is "ADD" or "DEL"; Result "ok" or "error".
+	Command string `json:"command"`
+	Result  string `json:"result"`
+	// Seconds from the plugin's start of the command to its result.
+	Seconds float64 `json:"seconds"`
+}
+
+// Commands and results a CommandReport may carry.
+const (
+	CommandAdd  = "ADD"
+	CommandDel  = "DEL"
+	ResultOK    = "ok"
+	ResultError = "error"
+)
 
 // Empty is the request of ping and the response of release-handle and
 // ping.

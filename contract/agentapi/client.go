@@ -183,3 +183,9 @@ func (c *Client) PolicyWait(ctx context.Context, req PolicyWaitRequest) (PolicyW
 func (c *Client) Ping(ctx context.Context) error {
 	return c.Call(ctx, EndpointPing, Empty{}, nil)
 }
+
+// Report calls report. The plugin ignores its error: a command's result
+// never depends on tabbyd counting it.
+func (c *Client) Report(ctx context.Context, r CommandReport) error {
+	return c.Call(ctx, EndpointReport, r, nil)
+}

@@ -204,6 +204,7 @@ func (a *Agent) Handler() http.Handler {
 	endpoint(mux, a, agentapi.EndpointPools, a.usablePools)
 	endpoint(mux, a, agentapi.EndpointPing, a.ping)
 	endpoint(mux, a, agentapi.EndpointPolicyWait, a.policyWait)
+	endpoint(mux, a, agentapi.EndpointReport, a.report)
 	return mux
 }
 
@@ -244,6 +245,23 @@ func endpoint[Req, Resp any](mux *http.ServeMux, a *Agent, name string, f func(c
 		a.met.requests.WithLabelValues(name, "ok").Inc()
 		_ = json.NewEncoder(w).Encode(resp)
 	})
+}
+
+// report records the duration of a plugin's command. Anything but the
+// known commands and results is refused, so that a client cannot grow the
+// histogram's label sets.
+func (a *Agent) report(_ context.Context, r agentapi.CommandReport) (agentapi.Empty, error) {
+	if r.Command != agentapi.CommandAdd && r.Command != agentapi.CommandDel {
+		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report of command %q: only %s and %s are counted", r.Command, agentapi.CommandAdd, agentapi.CommandDel)}
+	}
+	if r.Result != agentapi.ResultOK && r.Result != agentapi.ResultError {
+		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report with result %q: want %s or %s", r.Result, agentapi.ResultOK, agentapi.ResultError)}
+	}
+	if r.Seconds < 0 {
+		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report of %s lasting %v seconds: want a duration of 0 or more", r.Command, r.Seconds)}
+	}
+	a.met.commands.WithLabelValues(r.Command, r.Result).Observe(r.Seconds)
+	return agentapi.Empty{}, nil
 }
 
 // checkNode refuses a request that names another node than this tabbyd's

@@ -13,6 +13,7 @@ type metrics struct {
 	podLookups *prometheus.CounterVec
 	records    *prometheus.CounterVec
 	otherNode  prometheus.Counter
+	commands   *prometheus.HistogramVec
 }
 
 func newMetrics() metrics {
@@ -38,6 +39,12 @@ func newMetrics() metrics {
 			Name: "tabby_cni_agent_other_node_requests_total",
 			Help: "Requests refused because they name another node than this tabbyd's (a CNI config whose nodename or agentSocket is another node's).",
 		}),
+		commands: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tabby_cni_command_duration_seconds",
+			Help: "CNI ADD and DEL of the tabby plugin on this node, end to end as the plugin measured them, by command (ADD, DEL) and result (ok, error). Only commands that reached this tabbyd's agent are counted.",
+			// From a warm agent's few milliseconds to a policy wait's 10s bound.
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"command", "result"}),
 	}
 }
 
@@ -55,5 +62,5 @@ func NewMetrics(r prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m metrics) register(r prometheus.Registerer) error {
-	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode))
+	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode), r.Register(m.commands))
 }
