@@ -101,7 +101,22 @@ func (l *Inflight) acquire(ctx context.Context) (release func(), err error) {
 type Metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	filtered *prometheus.CounterVec
+	answers  *prometheus.CounterVec
 }
+
+// Label values of the filter metrics beyond the plugins' names.
+const (
+	// FilteredUnknownNode: a node name kube-scheduler sent that the
+	// extender could not resolve (nodeCacheCapable without a cache, or a
+	// node not in it yet).
+	FilteredUnknownNode = "UnknownNode"
+	// FilteredOther: a Scheduler that did not say which plugin failed a node.
+	FilteredOther = "Other"
+	// AnswerFits: some node passed; AnswerUnschedulable: none did.
+	AnswerFits          = "fits"
+	AnswerUnschedulable = "unschedulable"
+)
 
 // NewMetrics registers the extender's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -115,9 +130,43 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time to answer a request from kube-scheduler, by verb, including decoding and encoding.",
 			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 16),
 		}, []string{"verb"}),
+		filtered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_scheduler_extender_filtered_nodes_total",
+			Help: "Nodes the extender filtered out, by the plugin that failed them first (NodeName, TaintToleration, NodeAffinity, TabbyNetwork, PodTopologySpread, InterPodAffinity; UnknownNode for a node name it could not resolve).",
+		}, []string{"plugin"}),
+		answers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_scheduler_extender_filter_answers_total",
+			Help: "Filter answers by verdict: fits (some node passed) or unschedulable (none did).",
+		}, []string{"verdict"}),
 	}
-	reg.MustRegister(m.requests, m.duration)
+	m.answers.WithLabelValues(AnswerFits)
+	m.answers.WithLabelValues(AnswerUnschedulable)
+	reg.MustRegister(m.requests, m.duration, m.filtered, m.answers)
 	return m
+}
+
+// verdict counts one filter answer and the nodes it filtered out.
+func (m *Metrics) verdict(res FilterResult, unresolved map[string]string) {
+	if m == nil {
+		return
+	}
+	if len(unresolved) > 0 {
+		m.filtered.WithLabelValues(FilteredUnknownNode).Add(float64(len(unresolved)))
+	}
+	for _, failed := range []map[string]string{res.Failed, res.Unresolvable} {
+		for name := range failed {
+			plugin := res.FailedBy[name]
+			if plugin == "" {
+				plugin = FilteredOther
+			}
+			m.filtered.WithLabelValues(plugin).Inc()
+		}
+	}
+	if len(res.Passing) > 0 {
+		m.answers.WithLabelValues(AnswerFits).Inc()
+	} else {
+		m.answers.WithLabelValues(AnswerUnschedulable).Inc()
+	}
 }
 
 func (m *Metrics) observe(verb string, code int, d time.Duration) {
@@ -333,6 +382,7 @@ func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
 		h.awaitPlacements(r.Context(), args.Pod)
 		nodes, unresolved := h.resolve(args)
 		res := h.Scheduler.Filter(r.Context(), args.Pod, nodes)
+		h.Metrics.verdict(res, unresolved)
 		if h.Placements != nil {
 			// Recorded before the answer: kube-scheduler sends the next
 			// pod's request only after reading it.

@@ -81,6 +81,9 @@ type FilterResult struct {
 	Passing      []*v1.Node
 	Failed       map[string]string
 	Unresolvable map[string]string
+	// FailedBy names, for each node of Failed and Unresolvable, the plugin
+	// that failed it (its Name, as kube-scheduler's metrics name plugins).
+	FailedBy map[string]string
 }
 
 // Framework runs filter plugins in order (a node's first failure is its
@@ -114,31 +117,37 @@ func nodeInfos(snap Snapshot, nodes []*v1.Node) []*NodeInfo {
 
 // Filter runs the filters.
 func (f *Framework) Filter(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) FilterResult {
-	res := FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}}
+	res := FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}, FailedBy: map[string]string{}}
 	snap := f.Snapshot()
 	infos := nodeInfos(snap, nodes)
-	checks := make([]NodeFilter, 0, len(f.Filters))
+	type named struct {
+		plugin string
+		check  NodeFilter
+	}
+	checks := make([]named, 0, len(f.Filters))
 	for _, p := range f.Filters {
 		check, err := p.PreFilter(ctx, snap, pod)
 		if err != nil {
 			for _, n := range nodes {
 				res.Unresolvable[n.Name] = err.Error()
+				res.FailedBy[n.Name] = p.Name()
 			}
 			return res
 		}
 		if check != nil {
-			checks = append(checks, check)
+			checks = append(checks, named{p.Name(), check})
 		}
 	}
 nodes:
 	for _, ni := range infos {
-		for _, check := range checks {
-			if st := check(ni); st != nil {
+		for _, c := range checks {
+			if st := c.check(ni); st != nil {
 				if st.Code == UnschedulableAndUnresolvable {
 					res.Unresolvable[ni.Node.Name] = st.Reason
 				} else {
 					res.Failed[ni.Node.Name] = st.Reason
 				}
+				res.FailedBy[ni.Node.Name] = c.plugin
 				continue nodes
 			}
 		}
