@@ -120,6 +120,57 @@ func TestDashboardNamesExportedMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, m := range dashboardProblems(t, b, exported(t)) {
+		t.Errorf("the dashboard names a metric no tabby program exports: %s", m)
+	}
+}
+
+// TestDashboardCheckCatchesMisspelling: misspelling any one metric name of
+// the dashboard, in any panel, makes the check above fail, naming it.
+func TestDashboardCheckCatchesMisspelling(t *testing.T) {
+	b, err := os.ReadFile("monitoring/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := exported(t)
+	var d struct {
+		Panels []struct{ Targets []struct{ Expr string } }
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	used := map[string]bool{}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			for _, n := range metricNames(tg.Expr) {
+				used[histogramPart.ReplaceAllString(n, "")] = true
+			}
+		}
+	}
+	for _, want := range []string{"tabby_cni_command_duration_seconds", "tabby_ipam_pool_allocated", "tabby_ipam_pool_size",
+		"tabby_ipam_pool_allocatable", "tabby_ipam_pool_blocks", "tabby_scheduler_extender_filtered_nodes_total",
+		"tabby_scheduler_extender_filter_answers_total"} {
+		if !used[want] {
+			t.Errorf("the dashboard does not use %s", want)
+		}
+	}
+	for n := range used {
+		typo := strings.Replace(n, "_", "__", 1)
+		bad := regexp.MustCompile(`\b`+regexp.QuoteMeta(n)+`(_bucket|_sum|_count)?\b`).ReplaceAllString(string(b), typo+"$1")
+		found := false
+		for _, p := range dashboardProblems(t, []byte(bad), names) {
+			found = found || strings.Contains(p, typo)
+		}
+		if !found {
+			t.Errorf("the check passes a dashboard that names %s instead of %s", typo, n)
+		}
+	}
+}
+
+// dashboardProblems are the dashboard's panels without a query and the
+// metric names its queries and variables use that names does not hold.
+func dashboardProblems(t *testing.T, b []byte, names map[string]bool) []string {
+	t.Helper()
 	var d struct {
 		Panels []struct {
 			Title   string
@@ -135,7 +186,6 @@ func TestDashboardNamesExportedMetrics(t *testing.T) {
 	if err := json.Unmarshal(b, &d); err != nil {
 		t.Fatalf("the dashboard is not JSON: %v", err)
 	}
-	names := exported(t)
 	if !names["tabby_bgp_sessions"] || !names["bgp_peer_state"] || !names["tabby_scheduler_extender_requests_total"] {
 		t.Fatalf("the registries lack names they must have: %d names", len(names))
 	}
@@ -169,7 +219,5 @@ func TestDashboardNamesExportedMetrics(t *testing.T) {
 		}
 	}
 	sort.Strings(missing)
-	for _, m := range missing {
-		t.Errorf("the dashboard names a metric no tabby program exports: %s", m)
-	}
+	return missing
 }
