@@ -3,6 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+
+	"github.com/tabbynet/tabby/internal/logging"
 )
 
 // Exit codes, as scripts see them (documented in the root command's help
@@ -23,6 +26,25 @@ func (e problemError) Unwrap() error { return e.err }
 // problem makes a problemError of a message.
 func problem(format string, args ...any) error {
 	return problemError{fmt.Errorf(format, args...)}
+}
+
+// loggedError is an error a command has already written to its log: main
+// does not print it again, and exits as for the error it wraps.
+type loggedError struct{ err error }
+
+func (e loggedError) Error() string { return e.err.Error() }
+func (e loggedError) Unwrap() error { return e.err }
+
+// logFinal writes the error that ends a command to its log when the log
+// is JSON (--log-format json), so that a log shipper reading the
+// command's stderr gets JSON down to the last line; a text log keeps
+// main's plain "tabbyctl: ..." line.
+func logFinal(log *slog.Logger, format string, err error) error {
+	if err == nil || format != logging.FormatJSON {
+		return err
+	}
+	log.Error("install-cni failed", "error", err, "exitCode", exitCode(err))
+	return loggedError{err}
 }
 
 // exitCode maps what a command returned to tabbyctl's exit status.

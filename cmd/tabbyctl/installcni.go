@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -57,44 +58,55 @@ KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 			if err != nil {
 				return err
 			}
-			if o.BinSource == "" {
-				dir, err := executableDir()
-				if err != nil {
-					return fmt.Errorf("finding the folder of tabbyctl to copy the plugins from: %w (pass --bin-source)", err)
-				}
-				o.BinSource = dir
-			}
-			if o.NodeName == "" {
-				o.NodeName = os.Getenv("NODE_NAME")
-			}
-			if o.RuntimeCNIVersion == "" {
-				o.RuntimeCNIVersion = os.Getenv(runtimeCNIVersionEnv)
-			}
-			if o.APIServer == "" {
-				host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
-				if host != "" && port != "" {
-					o.APIServer = "https://" + net.JoinHostPort(host, port)
-				}
-			}
-			res, err := installcni.Install(o)
-			if res != nil {
-				for _, f := range res.Files {
-					fmt.Fprintln(cmd.OutOrStdout(), f)
-				}
-				for _, n := range res.Notes {
-					fmt.Fprintln(cmd.OutOrStdout(), "install-cni:", n)
-				}
-				for _, w := range res.Warnings {
-					log.Warn(w)
-				}
-			}
-			if err != nil {
-				return fmt.Errorf("install-cni: %w", err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "install-cni: %d of %d files changed\n", len(res.Changed()), len(res.Files))
-			return nil
+			return logFinal(log, logFlags.Format, installCNI(cmd, o, log))
 		},
 	}
+	addInstallCNIFlags(cmd, &o)
+	logFlags = logging.AddFlags(cmd.Flags())
+	return cmd
+}
+
+// installCNI is install-cni once its log is set up.
+func installCNI(cmd *cobra.Command, o installcni.Options, log *slog.Logger) error {
+	if o.BinSource == "" {
+		dir, err := executableDir()
+		if err != nil {
+			return fmt.Errorf("finding the folder of tabbyctl to copy the plugins from: %w (pass --bin-source)", err)
+		}
+		o.BinSource = dir
+	}
+	if o.NodeName == "" {
+		o.NodeName = os.Getenv("NODE_NAME")
+	}
+	if o.RuntimeCNIVersion == "" {
+		o.RuntimeCNIVersion = os.Getenv(runtimeCNIVersionEnv)
+	}
+	if o.APIServer == "" {
+		host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+		if host != "" && port != "" {
+			o.APIServer = "https://" + net.JoinHostPort(host, port)
+		}
+	}
+	res, err := installcni.Install(o)
+	if res != nil {
+		for _, f := range res.Files {
+			fmt.Fprintln(cmd.OutOrStdout(), f)
+		}
+		for _, n := range res.Notes {
+			fmt.Fprintln(cmd.OutOrStdout(), "install-cni:", n)
+		}
+		for _, w := range res.Warnings {
+			log.Warn(w)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("install-cni: %w", err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "install-cni: %d of %d files changed\n", len(res.Changed()), len(res.Files))
+	return nil
+}
+
+func addInstallCNIFlags(cmd *cobra.Command, o *installcni.Options) {
 	f := cmd.Flags()
 	f.StringVar(&o.BinSource, "bin-source", "", "folder holding the plugin binaries to install (default: the folder of this tabbyctl)")
 	f.StringVar(&o.CNIBinDir, "cni-bin-dir", "/host"+installcni.DefaultCNIBinDir, "the host's CNI bin dir, as mounted here")
@@ -121,8 +133,6 @@ KUBERNETES_SERVICE_PORT and CNI_RUNTIME_MAX_VERSION come from the pod.`,
 		"NAMESPACE/NAME of the CNI plugin's service account, whose short-lived token the kubeconfig carries; \"\": put the --token-file token in the kubeconfig as it is")
 	f.DurationVar(&o.TokenLifetime, "cni-token-lifetime", cnitoken.DefaultLifetime, "lifetime of the CNI plugin's token (at least 10m; tabbyd --cni-token-lifetime decides the ones after the first)")
 	f.StringVar(&o.CAFile, "ca-file", installcni.DefaultCAFile, "the cluster's CA bundle")
-	logFlags = logging.AddFlags(f)
-	return cmd
 }
 
 // executableDir is the folder of the running binary, symlinks resolved.

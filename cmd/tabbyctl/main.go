@@ -4,6 +4,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,7 +21,8 @@ const pluginName = "kubectl-tabby"
 func main() {
 	root := newRootCommand(filepath.Base(os.Args[0]))
 	err := root.Execute()
-	if err != nil {
+	var logged loggedError
+	if err != nil && !errors.As(err, &logged) {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", root.DisplayName(), err)
 	}
 	os.Exit(exitCode(err))

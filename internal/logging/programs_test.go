@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -123,4 +124,53 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestInstallCNIFinalErrorIsJSON runs the real tabbyctl install-cni, as
+// the DaemonSet's init container with --log-format=json, where it cannot
+// work (no plugins to copy, no API server): every line of stderr is JSON,
+// the error that ends it too, which says what failed, and the exit status
+// stays 2. With --log-format=text the error stays tabbyctl's plain line.
+func TestInstallCNIFinalErrorIsJSON(t *testing.T) {
+	dir := t.TempDir()
+	bin, err := testnet.Binary(dir, "tabbyctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(format string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(bin, "install-cni", "--log-format="+format, "--bin-source", filepath.Join(dir, "no-such-folder"),
+			"--cni-bin-dir", filepath.Join(dir, "bin"), "--cni-conf-dir", filepath.Join(dir, "net.d"), "--nodename", "n1")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("install-cni --log-format=%s: %v, want a failure; stderr:\n%s", format, err, stderr.String())
+		}
+		return stderr.String(), ee.ExitCode()
+	}
+
+	out, code := run("json")
+	if code != 2 {
+		t.Errorf("exit status %d, want 2", code)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for i, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Errorf("stderr line %d is not JSON (%v): %s", i+1, err, l)
+		}
+	}
+	var last struct{ Level, Msg, Error string }
+	_ = json.Unmarshal([]byte(lines[len(lines)-1]), &last)
+	if last.Level != "ERROR" || !strings.Contains(last.Error, "install-cni: ") || !strings.Contains(last.Error, "no-such-folder") {
+		t.Errorf("the last line is not the error that ended install-cni: %s", lines[len(lines)-1])
+	}
+	t.Logf("json: %s", lines[len(lines)-1])
+
+	out, code = run("text")
+	if code != 2 || !strings.HasPrefix(out, "tabbyctl: install-cni: ") || strings.Count(out, "install-cni: ") != 1 {
+		t.Errorf("--log-format=text: exit %d, stderr:\n%s", code, out)
+	}
 }
