@@ -17,7 +17,7 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // syncBuffer is a log sink the test reads while tabbyd's goroutine writes.
@@ -49,7 +49,7 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{})
+	c, err := controlplane.Start(ctx, controlplane.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

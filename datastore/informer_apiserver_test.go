@@ -10,12 +10,12 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 func TestMain(m *testing.M) {
-	clustertest.Main(m, func(c *cluster.Cluster) error { return c.InstallCRDs(context.Background()) })
+	clustertest.Main(m, func(c *controlplane.Cluster) error { return c.InstallCRDs(context.Background()) })
 }
 
 // TestInformerAfterOutage: an informer made by NewInformer sees a change

@@ -23,9 +23,9 @@ import (
 	"github.com/tabbynet/tabby/daemon/cnitoken"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/installcni"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/ipam"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
 )
 
 // forceConflicts lets kubectl's server-side apply take over the fields
@@ -58,7 +58,7 @@ var readmeInstall = [][]string{
 var adminKubeconfig string
 
 func TestMain(m *testing.M) {
-	clustertest.Main(m, func(c *cluster.Cluster) error {
+	clustertest.Main(m, func(c *controlplane.Cluster) error {
 		if _, err := os.Stat(filepath.Join(c.BinDir, "kubectl")); err != nil {
 			return fmt.Errorf("kubectl is not among the control-plane binaries: %w", err)
 		}
@@ -493,7 +493,7 @@ func TestFreshClusterInstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{BinDir: clustertest.Cluster().BinDir})
+	c, err := controlplane.Start(ctx, controlplane.Options{BinDir: clustertest.Cluster().BinDir})
 	if err != nil {
 		t.Fatal(err)
 	}

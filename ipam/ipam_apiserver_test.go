@@ -21,8 +21,8 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/ipam"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
 )
 
 func TestMain(m *testing.M) { clustertest.Main(m, nil) }

@@ -13,7 +13,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // apiServerName is the control-plane process StopAPIServer stops.
@@ -116,7 +116,7 @@ func StartAPIServer(ctx context.Context, s *State) error {
 	}
 	return poll(ctx, 100*time.Millisecond, func() error {
 		if !p.Alive() {
-			return errStop(fmt.Errorf("kube-apiserver exited; the end of its log (%s):\n%s", p.Log, cluster.TailFile(p.Log, 20)))
+			return errStop(fmt.Errorf("kube-apiserver exited; the end of its log (%s):\n%s", p.Log, controlplane.TailFile(p.Log, 20)))
 		}
 		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err

@@ -15,24 +15,24 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // tabby's namespace (deploy/base/namespace.yaml).
 const tabbyNamespace = "tabby-system"
 
 // apiServiceIP is the kubernetes Service's address, the first of
-// cluster.ServiceClusterIPRange.
+// controlplane.ServiceClusterIPRange.
 const apiServiceIP = "10.96.0.1"
 
 // controlPlane is the started control plane, for the rest of Up.
 type controlPlane struct {
-	c  *cluster.Cluster
+	c  *controlplane.Cluster
 	cs kubernetes.Interface
 }
 
 // apiServerArgs are what a cluster of real nodes needs of kube-apiserver
-// beyond test/cluster's defaults: the lab's CA for client certificates
+// beyond internal/controlplane's defaults: the lab's CA for client certificates
 // (kubelets), a client certificate of its own for the kubelets' API (exec,
 // logs, port-forward) by their InternalIP (no DNS for node names here),
 // NodeRestriction for the kubelets' writes, and the kubernetes Service's
@@ -78,7 +78,7 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *
 		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + ClusterDomain, "localhost"}); err != nil {
 		return nil, err
 	}
-	c, err := cluster.Start(ctx, cluster.Options{
+	c, err := controlplane.Start(ctx, controlplane.Options{
 		Dir:                dir,
 		KeepDir:            true,
 		BinDir:             o.ControlPlaneDir,
@@ -134,10 +134,10 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.StartScheduler(ctx, cluster.SchedulerOptions{Config: schedConfig}); err != nil {
+	if _, err := c.StartScheduler(ctx, controlplane.SchedulerOptions{Config: schedConfig}); err != nil {
 		return nil, err
 	}
-	if _, err := c.StartControllerManager(ctx, cluster.ControllerManagerOptions{Controllers: "*"}); err != nil {
+	if _, err := c.StartControllerManager(ctx, controlplane.ControllerManagerOptions{Controllers: "*"}); err != nil {
 		return nil, err
 	}
 	if err := recordControlPlane(s, c, nsName); err != nil {
@@ -209,7 +209,7 @@ func waitTabbyAPI(ctx context.Context, cs kubernetes.Interface) error {
 }
 
 // recordControlPlane saves the control plane's address and processes.
-func recordControlPlane(s *State, c *cluster.Cluster, nsName string) error {
+func recordControlPlane(s *State, c *controlplane.Cluster, nsName string) error {
 	var procs []Proc
 	for _, p := range c.Processes() {
 		if pr, err := procOf(p.Name, p.Pid()); err == nil {

@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // DemoPort is where the demo's pods serve (TCP and UDP).
@@ -307,7 +307,7 @@ func probePods(ctx context.Context, from, to *corev1.Pod, nsPath string) DemoPro
 	pr := DemoProbe{From: from.Name, To: to.Name}
 	addr := to.Status.PodIP + ":" + strconv.Itoa(DemoPort)
 	var answer string
-	err := cluster.InNetNS(nsPath, func() error {
+	err := controlplane.InNetNS(nsPath, func() error {
 		var err error
 		answer, err = Probe(ctx, "tcp", addr, 2*time.Second)
 		return err

@@ -22,8 +22,8 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins/network"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 // The scheduler extender of the lab.
@@ -50,7 +50,7 @@ func extenderURL() string {
 // namespace with the admin kubeconfig, reading tabbyd's heartbeats from
 // tabby's namespace, and waits until it answers /healthz (it listens once
 // its caches are synced). It returns its URL.
-func startExtender(ctx context.Context, s *State, c *cluster.Cluster, path string) (string, error) {
+func startExtender(ctx context.Context, s *State, c *controlplane.Cluster, path string) (string, error) {
 	url := extenderURL()
 	p, err := c.StartProcess(path,
 		"--kubeconfig", s.ControlPlane.Kubeconfig,
@@ -64,7 +64,7 @@ func startExtender(ctx context.Context, s *State, c *cluster.Cluster, path strin
 	defer cancel()
 	err = poll(wctx, 100*time.Millisecond, func() error {
 		if done, _ := p.Exited(); done {
-			return errStop(fmt.Errorf("%s exited; the end of its log (%s):\n%s", ExtenderName, p.LogPath, cluster.TailFile(p.LogPath, 20)))
+			return errStop(fmt.Errorf("%s exited; the end of its log (%s):\n%s", ExtenderName, p.LogPath, controlplane.TailFile(p.LogPath, 20)))
 		}
 		return httpOK(wctx, hc, url+"/healthz")
 	})

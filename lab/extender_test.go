@@ -17,8 +17,8 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tabbynet/tabby/internal/controlplane"
 	extender "github.com/tabbynet/tabby/scheduler-extender"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 // passAll passes every node with equal scores: the extender's HTTP layer
@@ -79,7 +79,7 @@ func TestParseExtenderRequests(t *testing.T) {
 // TestSchedulerConfig: the repository's configuration with only the
 // extender's urlPrefix changed.
 func TestSchedulerConfig(t *testing.T) {
-	root, err := cluster.FindRepoRoot()
+	root, err := controlplane.FindRepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,14 +8,14 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // startForward opens the host's loopback port (port 0: a free one), hands
 // the listening socket to a detached `tabbyctl lab forward` (RunForward)
 // and writes the admin kubeconfig naming it, the one `lab kubeconfig`
 // prints.
-func startForward(s *State, c *cluster.Cluster, port int) error {
+func startForward(s *State, c *controlplane.Cluster, port int) error {
 	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
 		return fmt.Errorf("listening on 127.0.0.1:%d for the API server forward: %w (pick another port)", port, err)
@@ -51,7 +51,7 @@ func startForward(s *State, c *cluster.Cluster, port int) error {
 // from a thread inside the control-plane namespace, until ctx ends.
 func RunForward(ctx context.Context, s *State, ln net.Listener) error {
 	nsName, target := s.ControlPlane.NetNS, s.apiTarget()
-	stop := cluster.Forward(ln, func(ctx context.Context) (net.Conn, error) {
+	stop := controlplane.Forward(ln, func(ctx context.Context) (net.Conn, error) {
 		return dialInNetNS(ctx, nsName, "tcp", target)
 	})
 	<-ctx.Done()

@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // addNetNS creates the named network namespace (bound at NetNSDir/name, as
@@ -91,7 +91,7 @@ func linkUp(h *netlink.Handle, name string) error {
 
 // setSysctl writes /proc/sys/<key> inside the named namespace.
 func setSysctl(name, key, value string) error {
-	return cluster.InNetNS(NetNSPath(name), func() error {
+	return controlplane.InNetNS(NetNSPath(name), func() error {
 		if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0o644); err != nil {
 			return fmt.Errorf("setting %s=%s in %s: %w", key, value, name, err)
 		}
@@ -218,5 +218,5 @@ func buildHost(s *State, l Layout, name, port string, sn int, addr netip.Prefix)
 
 // dialInNetNS dials address from inside the named namespace.
 func dialInNetNS(ctx context.Context, name, network, address string) (net.Conn, error) {
-	return cluster.DialInNetNS(ctx, NetNSPath(name), network, address)
+	return controlplane.DialInNetNS(ctx, NetNSPath(name), network, address)
 }

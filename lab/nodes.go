@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // buildNode makes node i's network namespace (eth0 on its subnet's bridge,
@@ -101,7 +101,7 @@ func startRoot(ctx context.Context, s *State, n *Node) error {
 	return poll(ctx, 20*time.Millisecond, func() error {
 		select {
 		case <-done:
-			return errStop(fmt.Errorf("the mount namespace of %s could not be made; the end of its log (%s):\n%s", n.Name, p.Log, cluster.TailFile(p.Log, 15)))
+			return errStop(fmt.Errorf("the mount namespace of %s could not be made; the end of its log (%s):\n%s", n.Name, p.Log, controlplane.TailFile(p.Log, 15)))
 		default:
 		}
 		_, err := os.Stat(n.rootReadyFile())
@@ -272,7 +272,7 @@ func exited(p Proc, node string) error {
 	if p.Alive() {
 		return nil
 	}
-	return errStop(fmt.Errorf("%s of %s exited; the end of its log (%s):\n%s", p.Name, node, p.Log, cluster.TailFile(p.Log, 20)))
+	return errStop(fmt.Errorf("%s of %s exited; the end of its log (%s):\n%s", p.Name, node, p.Log, controlplane.TailFile(p.Log, 20)))
 }
 
 // nodeReady reports whether the Node is Ready and schedulable (no

@@ -132,7 +132,7 @@ func (ca *labCA) clientCert(base, cn string, orgs ...string) (certFile, keyFile 
 // servingCert issues a serving certificate naming ips and dnsNames and
 // writes it, followed by the CA's certificate, to base.crt and its key to
 // base.key: the pair kube-apiserver takes from its --cert-dir instead of
-// making a self-signed one (test/cluster's apiserver.crt), which clients
+// making a self-signed one (internal/controlplane's apiserver.crt), which clients
 // then trust.
 func (ca *labCA) servingCert(base, cn string, ips []net.IP, dnsNames []string) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

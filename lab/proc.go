@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // Proc is a process the lab started, known by pid and start time so that a
@@ -149,7 +149,7 @@ func startDetached(s procSpec) (p Proc, done <-chan struct{}, err error) {
 	if err := os.MkdirAll(filepath.Dir(s.log), 0o755); err != nil {
 		return Proc{}, nil, err
 	}
-	cp, err := cluster.Spawn(s.name, s.path, s.log, cluster.SpawnOptions{
+	cp, err := controlplane.Spawn(s.name, s.path, s.log, controlplane.SpawnOptions{
 		NetNS: s.netns, MountNS: s.mountns, Detach: true, Env: s.env, Dir: s.dir, ExtraFiles: s.extraFiles,
 	}, s.args...)
 	if err != nil {
@@ -159,7 +159,7 @@ func startDetached(s procSpec) (p Proc, done <-chan struct{}, err error) {
 	if err != nil {
 		// It exited at once; what it said is in its log.
 		<-cp.Done()
-		return Proc{}, nil, fmt.Errorf("%s exited at once; the end of its log (%s):\n%s", s.name, s.log, cluster.TailFile(s.log, 15))
+		return Proc{}, nil, fmt.Errorf("%s exited at once; the end of its log (%s):\n%s", s.name, s.log, controlplane.TailFile(s.log, 15))
 	}
 	p.Log = s.log
 	return p, cp.Done(), nil

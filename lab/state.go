@@ -82,7 +82,7 @@ type ControlPlane struct {
 	Address string `json:"address"`
 	// Server is the API server's URL on the underlay.
 	Server string `json:"server"`
-	// Dir is test/cluster's folder (etcd data, certificates, logs).
+	// Dir is internal/controlplane's folder (etcd data, certificates, logs).
 	Dir    string `json:"dir"`
 	CAFile string `json:"caFile"`
 	// Kubeconfig is an admin kubeconfig naming Server: it works inside the

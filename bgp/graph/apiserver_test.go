@@ -15,7 +15,7 @@ import (
 
 	v1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // TestLoadFromAPIServer: the objects a real API server holds (Nodes with
@@ -29,7 +29,7 @@ func TestLoadFromAPIServer(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{})
+	c, err := controlplane.Start(ctx, controlplane.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

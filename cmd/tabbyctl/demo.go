@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/internal/demo"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 func init() { subcommands = append(subcommands, demoCommand) }
@@ -27,7 +27,7 @@ container runtime would. It prints each pod's address and host veth and a
 ping matrix between the pods and the node, then removes everything it made
 (also on Ctrl-C or an error).
 
-The control-plane binaries come from $` + cluster.EnvControlPlaneDir + ` (make lab sets it),
+The control-plane binaries come from $` + controlplane.EnvControlPlaneDir + ` (make lab sets it),
 else test/controlplane/build.sh builds them; run it from the repository.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -42,7 +42,7 @@ else test/controlplane/build.sh builds them; run it from the repository.`,
 			defer stop()
 			return demo.Run(ctx, demo.Options{
 				PluginDir:       pluginDir,
-				ControlPlaneDir: os.Getenv(cluster.EnvControlPlaneDir),
+				ControlPlaneDir: os.Getenv(controlplane.EnvControlPlaneDir),
 				Out:             cmd.OutOrStdout(),
 			})
 		},

@@ -16,9 +16,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/lab"
 	"github.com/tabbynet/tabby/lab/labimage"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 func init() { subcommands = append(subcommands, newLabCommand) }
@@ -67,7 +67,7 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 // findRepo is the tabby repository: above the working directory, else
 // above tabbyctl's own folder (bin/ of a checkout).
 func findRepo(exeDir string) (string, error) {
-	if root, err := cluster.FindRepoRoot(); err == nil {
+	if root, err := controlplane.FindRepoRoot(); err == nil {
 		return root, nil
 	}
 	for d := exeDir; ; d = filepath.Dir(d) {
@@ -99,7 +99,7 @@ CoreDNS running and the extender passes every node; the processes keep
 running. Node i is nodei, at 10.77.0.(10+i) (with --subnets 2, even nodes
 are on 10.78.0.0/24 behind the router).
 
-The Kubernetes programs come from --controlplane-dir ($` + cluster.EnvControlPlaneDir + `),
+The Kubernetes programs come from --controlplane-dir ($` + controlplane.EnvControlPlaneDir + `),
 containerd and CoreDNS from --runtime-dir; else test/controlplane/build.sh and
 test/runtime/build.sh build them (minutes, the first time).`,
 		Args: cobra.NoArgs,
@@ -134,7 +134,7 @@ func completeUpOptions(o *lab.Options, repo, dir string, out io.Writer) error {
 		o.BinDir = exeDir
 	}
 	if o.ControlPlaneDir == "" {
-		o.ControlPlaneDir = os.Getenv(cluster.EnvControlPlaneDir)
+		o.ControlPlaneDir = os.Getenv(controlplane.EnvControlPlaneDir)
 	}
 	if o.RuntimeDir == "" {
 		o.RuntimeDir = os.Getenv(lab.EnvRuntimeDir)
@@ -163,7 +163,7 @@ func addUpFlags(cmd *cobra.Command, o *lab.Options, repo *string) {
 	f.StringVar(&o.Runtime, "runtime", lab.RuntimeContainerd, "the nodes' container runtime: "+strings.Join(lab.Runtimes, " (v2, built from the module proxy) or ")+" (Debian's)")
 	f.StringVar(&o.PodCIDR, "pod-cidr", lab.DefaultPodCIDR, `the default IPPool's range ("" for no pool)`)
 	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabby's programs, loopback and portmap, which tabby's image is built from (default: tabbyctl's own folder)")
-	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ..., kubelet, kube-proxy, agnhost, pause (default $"+cluster.EnvControlPlaneDir+", else built)")
+	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ..., kubelet, kube-proxy, agnhost, pause (default $"+controlplane.EnvControlPlaneDir+", else built)")
 	f.StringVar(&o.RuntimeDir, "runtime-dir", "", "folder holding containerd, containerd-shim-runc-v2, ctr and coredns (default $"+lab.EnvRuntimeDir+", else built by test/runtime/build.sh)")
 	f.StringVar(&o.CacheDir, "cache-dir", "", "where built images and Debian packages are cached (default $"+labimage.EnvCacheDir+", else ~/.cache/tabby)")
 	f.StringVar(repo, "repo", "", "the tabby repository (deploy/ is applied and kube-scheduler configured from it; default: found above the working directory or tabbyctl)")

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 func TestMain(m *testing.M) { clustertest.Main(m, nil) }

@@ -38,10 +38,10 @@ import (
 	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/daemon/cniagent"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
 )
 
 var seq atomic.Int32

@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/policy"
-	"github.com/tabbynet/tabby/test/testnet"
 )
 
 // hostileExcepts are n distinct /31 (IPv4) or /127 (IPv6) excepts spread

@@ -3,7 +3,7 @@ package netpol
 import (
 	"testing"
 
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 func TestMain(m *testing.M) { clustertest.Main(m, nil) }

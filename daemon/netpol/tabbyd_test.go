@@ -2,7 +2,7 @@ package netpol
 
 // This test runs the programs: tabbyd in a node's network namespace and
 // the CNI plugins driven through libcni as a container runtime would
-// (test/testnet), against the real API server.
+// (internal/testnet), against the real API server.
 
 import (
 	"context"
@@ -23,8 +23,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 var (

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // The rules of others (kube-proxy, Docker, the admin) that every sync

@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 func dualStack(vxlan v1.EncapMode) []v1.IPPool {

@@ -25,8 +25,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/plugin"
-	"github.com/tabbynet/tabby/test/testnet"
 )
 
 func needRoot(t *testing.T) {

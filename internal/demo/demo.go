@@ -26,8 +26,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // PoolCIDR is the demo's IPPool.
@@ -40,7 +40,7 @@ var PodNames = []string{"web-0", "web-1", "db-0"}
 type Options struct {
 	// PluginDir holds the tabby and tabby-ipam binaries.
 	PluginDir string
-	// ControlPlaneDir holds etcd and kube-apiserver; empty: test/cluster's
+	// ControlPlaneDir holds etcd and kube-apiserver; empty: internal/controlplane's
 	// default (build them with test/controlplane/build.sh).
 	ControlPlaneDir string
 	// Out receives the demo's report.
@@ -75,7 +75,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 
 	fmt.Fprintln(out, "tabby CNI demo: one node, three pods, a real API server")
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{BinDir: opts.ControlPlaneDir})
+	c, err := controlplane.Start(ctx, controlplane.Options{BinDir: opts.ControlPlaneDir})
 	if err != nil {
 		return fmt.Errorf("starting the control plane: %w", err)
 	}

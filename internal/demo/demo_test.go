@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // TestDemo runs the whole demo (control plane, node, three pods, pings,

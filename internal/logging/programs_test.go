@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // refusedKubeconfig names an API server on a loopback port nothing

@@ -22,10 +22,10 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/ipam/gc"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
 )
 
 // candidate is one collector taking part in the election.
@@ -188,7 +188,7 @@ func TestRunsWithTabbydRBAC(t *testing.T) {
 	admin := client(t)
 	fresh(t, admin)
 	ctx := context.Background()
-	if err := cluster.ApplyManifests(ctx, clustertest.Config(), "../../deploy/base/namespace.yaml", "../../deploy/base/rbac.yaml"); err != nil {
+	if err := controlplane.ApplyManifests(ctx, clustertest.Config(), "../../deploy/base/namespace.yaml", "../../deploy/base/rbac.yaml"); err != nil {
 		t.Fatalf("applying tabby's namespace and RBAC: %v", err)
 	}
 	const tabbyNS = "tabby-system"

@@ -1,6 +1,6 @@
 // Package bench compares tabby's CNI plugins with the reference bridge and
 // host-local plugins on this machine, through libcni as a container runtime
-// drives them, against a real API server (test/cluster):
+// drives them, against a real API server (internal/controlplane):
 //
 //   - BenchmarkCNIAddDel: ADD and DEL latency (p50, p99) of one pod at a
 //     time, every network interleaved in every iteration;
@@ -36,9 +36,9 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // The reference plugins (Debian's 1.1.x) speak CNI up to 1.0.0; both
@@ -54,7 +54,7 @@ func TestMain(m *testing.M) {
 	if flag.Lookup("test.bench").Value.String() == "" {
 		os.Exit(m.Run())
 	}
-	clustertest.Main(m, func(c *cluster.Cluster) (err error) {
+	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
 		if binDir, err = testnet.PluginDir(filepath.Join(c.Dir, "cni-bin")); err != nil {
 			return err
 		}

@@ -47,8 +47,8 @@ import (
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/daemon/routing"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // convSubnet is the underlay's subnet: node i (0-based) is .11+i.

@@ -52,12 +52,12 @@ import (
 
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/plugin"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
 )
 
 // TestNPWorld: the benchmarks' cluster compiles without a problem, every

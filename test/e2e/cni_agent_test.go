@@ -20,9 +20,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/plugin"
-	"github.com/tabbynet/tabby/test/testnet"
 )
 
 // startTabbyd runs the node's tabbyd; the test's cleanup kills it (and waits

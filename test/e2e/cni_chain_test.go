@@ -11,8 +11,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/plugin"
-	"github.com/tabbynet/tabby/test/testnet"
 )
 
 // Debian's reference plugins (1.1.x) speak CNI up to 1.0.0, so chains with

@@ -1,5 +1,5 @@
 // Package e2e holds tabby's end-to-end suites. They need root, network
-// namespaces and a real control plane (test/cluster), and fail with the
+// namespaces and a real control plane (internal/controlplane), and fail with the
 // reason when they cannot have them.
 //
 // The CNI suites (cni*_test.go) build the plugins, then drive them through
@@ -13,9 +13,9 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // cniBinDir holds the tabby and tabby-ipam binaries under test, and
@@ -24,7 +24,7 @@ import (
 var cniBinDir, tabbydBin string
 
 func TestMain(m *testing.M) {
-	clustertest.Main(m, func(c *cluster.Cluster) (err error) {
+	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
 		if cniBinDir, err = testnet.PluginDir(filepath.Join(c.Dir, "cni-bin")); err != nil {
 			return err
 		}

@@ -21,8 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // healthClient dials from inside the node, where tabbyd's health address

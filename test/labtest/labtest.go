@@ -37,8 +37,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/lab"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 // EnvBinDir names a folder holding prebuilt tabby programs and the CNI
@@ -80,7 +80,7 @@ func Setup(m *testing.M) int {
 	if os.Geteuid() != 0 {
 		return fail("the lab tests need root (network namespaces, a control plane): run them as root, for example with sudo -E go test")
 	}
-	root, err := cluster.FindRepoRoot()
+	root, err := controlplane.FindRepoRoot()
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -108,7 +108,7 @@ func Setup(m *testing.M) int {
 		}
 	}
 	var err2 error
-	if Binaries.ControlPlane, err2 = buildDir(root, cluster.EnvControlPlaneDir, "test/controlplane/build.sh"); err2 != nil {
+	if Binaries.ControlPlane, err2 = buildDir(root, controlplane.EnvControlPlaneDir, "test/controlplane/build.sh"); err2 != nil {
 		return fail("%v", err2)
 	}
 	if Binaries.Runtime, err2 = buildDir(root, EnvRuntimeDir, "test/runtime/build.sh"); err2 != nil {

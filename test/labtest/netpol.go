@@ -49,8 +49,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
+	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/lab"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 // PortProto is a port and protocol the model's pods serve.
@@ -572,7 +572,7 @@ func ProbeFromNetNS(ctx context.Context, nsPath string, pp PortProto, dst netip.
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	network := strings.ToLower(string(pp.Proto))
-	conn, err := cluster.DialInNetNS(ctx, nsPath, network, dst.String())
+	conn, err := controlplane.DialInNetNS(ctx, nsPath, network, dst.String())
 	if err != nil {
 		return err
 	}

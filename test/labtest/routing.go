@@ -19,8 +19,8 @@ import (
 
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/lab"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 // DS is an admin datastore client of the lab (tabby's resources).
@@ -267,7 +267,7 @@ func startFlow(t testing.TB, nsPath string, to *corev1.Pod, port int, interval t
 			case <-tick.C:
 			}
 			var answer string
-			err := cluster.InNetNS(nsPath, func() error {
+			err := controlplane.InNetNS(nsPath, func() error {
 				var err error
 				answer, err = lab.Probe(context.Background(), "tcp", addr, time.Second)
 				return err

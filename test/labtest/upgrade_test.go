@@ -16,9 +16,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tabbynet/tabby/deploy"
+	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/lab"
 	"github.com/tabbynet/tabby/lab/labimage"
-	"github.com/tabbynet/tabby/test/cluster"
 )
 
 // TestLabUpgrade upgrades tabby as users do, under a continuous probe: a
@@ -79,7 +79,7 @@ func TestLabUpgrade(t *testing.T) {
 			case <-tick.C:
 			}
 			var got string
-			err := cluster.InNetNS(nsPath, func() error {
+			err := controlplane.InNetNS(nsPath, func() error {
 				var err error
 				got, err = lab.Probe(ctx, "tcp", srv.Status.PodIP+":8080", 2*time.Second)
 				return err

@@ -22,9 +22,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // extenderURL is where the test's extender serves; extender is its
@@ -32,14 +32,14 @@ import (
 // stops and starts it).
 var (
 	extenderURL  string
-	extender     *cluster.Process
+	extender     *controlplane.Process
 	extenderBin  string
 	extenderArgs []string
 )
 
 func TestMain(m *testing.M) { clustertest.Main(m, setup) }
 
-func setup(c *cluster.Cluster) error {
+func setup(c *controlplane.Cluster) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cs, err := kubernetes.NewForConfig(c.RESTConfig())
@@ -53,7 +53,7 @@ func setup(c *cluster.Cluster) error {
 	if err != nil {
 		return err
 	}
-	port, err := cluster.FreePort()
+	port, err := controlplane.FreePort()
 	if err != nil {
 		return err
 	}
@@ -76,14 +76,14 @@ func setup(c *cluster.Cluster) error {
 	// The client rate is raised (for both schedulers of the throughput
 	// benchmark) so that it measures scheduling, not kube-scheduler's
 	// default 50 API requests a second.
-	_, err = c.StartScheduler(ctx, cluster.SchedulerOptions{Config: cfg, QPS: benchQPS})
+	_, err = c.StartScheduler(ctx, controlplane.SchedulerOptions{Config: cfg, QPS: benchQPS})
 	return err
 }
 
 // schedulerConfig is deploy/scheduler/kube-scheduler-config.yaml with the
 // extender's urlPrefix pointed at url: everything else as users get it.
 func schedulerConfig(url string) ([]byte, error) {
-	root, err := cluster.FindRepoRoot()
+	root, err := controlplane.FindRepoRoot()
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func schedulerConfig(url string) ([]byte, error) {
 }
 
 // startExtender starts the extender and waits until it answers.
-func startExtender(ctx context.Context, c *cluster.Cluster) error {
+func startExtender(ctx context.Context, c *controlplane.Cluster) error {
 	p, err := c.StartProcess(extenderBin, extenderArgs...)
 	if err != nil {
 		return err

@@ -25,8 +25,8 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 // The nodes: zones a (n1, n2), b (n3, n4), c (n5, n6); n1 and n2 are rack
@@ -264,7 +264,7 @@ func TestNetwork(t *testing.T) {
 // to them is what TestMain started kube-scheduler with.)
 func TestExtenderManifest(t *testing.T) {
 	fixture(t)
-	root, err := cluster.FindRepoRoot()
+	root, err := controlplane.FindRepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestExtenderManifest(t *testing.T) {
 		_ = cs.NetworkingV1().NetworkPolicies("tabby-system").Delete(context.Background(), "tabby-scheduler-extender", metav1.DeleteOptions{})
 	})
 	for _, f := range []string{"rbac.yaml", "extender.yaml", "extender-networkpolicy.yaml"} {
-		if err := cluster.ApplyManifests(ctx, clustertest.Config(), filepath.Join(dir, f)); err != nil {
+		if err := controlplane.ApplyManifests(ctx, clustertest.Config(), filepath.Join(dir, f)); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
 	}

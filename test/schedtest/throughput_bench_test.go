@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 const (
@@ -59,7 +59,7 @@ func benchFixture(b *testing.B, cs kubernetes.Interface) {
 		if err != nil {
 			return
 		}
-		_, err = clustertest.Cluster().StartScheduler(ctx, cluster.SchedulerOptions{Name: plainScheduler, QPS: benchQPS,
+		_, err = clustertest.Cluster().StartScheduler(ctx, controlplane.SchedulerOptions{Name: plainScheduler, QPS: benchQPS,
 			Config: []byte("profiles:\n- schedulerName: " + plainScheduler + "\n")})
 	})
 	if err != nil {

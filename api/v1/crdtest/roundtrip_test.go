@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 func TestMain(m *testing.M) { clustertest.Main(m, nil) }

@@ -17,8 +17,8 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 var dryRun = metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
@@ -281,11 +281,11 @@ func TestOverlappingPools(t *testing.T) {
 		t.Helper()
 		// Wait until the policy sees every pool created so far (dry run),
 		// then the real request must be refused.
-		eventually(t, func() error { _, err := ds.IPPools.Create(ctx, p, dryRun); return err }, deniedBy(cluster.PolicyIPPoolOverlap))
+		eventually(t, func() error { _, err := ds.IPPools.Create(ctx, p, dryRun); return err }, deniedBy(controlplane.PolicyIPPoolOverlap))
 		_, err := ds.IPPools.Create(ctx, p, metav1.CreateOptions{})
 		wantRefused(t, err, want)
-		if err != nil && !strings.Contains(err.Error(), "'"+cluster.PolicyIPPoolOverlap+"'") {
-			t.Errorf("refused, but not by %s: %v", cluster.PolicyIPPoolOverlap, err)
+		if err != nil && !strings.Contains(err.Error(), "'"+controlplane.PolicyIPPoolOverlap+"'") {
+			t.Errorf("refused, but not by %s: %v", controlplane.PolicyIPPoolOverlap, err)
 		}
 	}
 
@@ -314,7 +314,7 @@ func TestOverlappingPools(t *testing.T) {
 		cur.Spec.CIDR = "10.1.128.0/17"
 		_, err = ds.IPPools.Update(ctx, cur, metav1.UpdateOptions{})
 		return err
-	}, deniedBy(cluster.PolicyIPPoolOverlap))
+	}, deniedBy(controlplane.PolicyIPPoolOverlap))
 	wantRefused(t, err, "cidr 10.1.128.0/17 overlaps IPPool ov-a (10.1.0.0/16)")
 	cur, err := ds.IPPools.Get(ctx, "ov-a", metav1.GetOptions{})
 	if err != nil {
@@ -386,7 +386,7 @@ func TestPoolLayoutFixedWhileBlocksExist(t *testing.T) {
 	if _, err := ds.IPAMBlocks.Create(ctx, newBlock("lay-block-6", "fd00:50::40/122"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err := eventually(t, update("lay-4", func(s *tabbyv1.IPPoolSpec) { s.BlockSize = 27 }), deniedBy(cluster.PolicyIPPoolBlockSize))
+	err := eventually(t, update("lay-4", func(s *tabbyv1.IPPoolSpec) { s.BlockSize = 27 }), deniedBy(controlplane.PolicyIPPoolBlockSize))
 	wantRefused(t, err, "IPPool lay-4 has blocks (such as IPAMBlock lay-block-4, 10.50.3.0/26), so its blockSize cannot change: delete the pool's blocks first (once no pod uses its addresses), or create a new pool with the new settings and disable this one")
 	err = update("lay-4", func(s *tabbyv1.IPPoolSpec) { s.CIDR = "10.50.0.0/15" })()
 	wantRefused(t, err, "IPPool lay-4 has blocks (such as IPAMBlock lay-block-4, 10.50.3.0/26), so its cidr cannot change")
@@ -428,7 +428,7 @@ func TestPoliciesTypeCheck(t *testing.T) {
 	if err := c.WriteKubeconfig(kc, ""); err != nil {
 		t.Fatal(err)
 	}
-	port, err := cluster.FreePort()
+	port, err := controlplane.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +464,7 @@ func TestPoliciesTypeCheck(t *testing.T) {
 	defer func() {
 		_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(context.Background(), probe.Name, metav1.DeleteOptions{})
 	}()
-	for _, name := range []string{probe.Name, cluster.PolicyIPPoolOverlap, cluster.PolicyIPPoolBlockSize} {
+	for _, name := range []string{probe.Name, controlplane.PolicyIPPoolOverlap, controlplane.PolicyIPPoolBlockSize} {
 		var p *admissionv1.ValidatingAdmissionPolicy
 		deadline := time.Now().Add(45 * time.Second)
 		for {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/daemon/nodestatus"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 // tabbydStatus serves GET /status as tabbyd does, with st as the answer.

@@ -1,7 +1,7 @@
 // Package clitest runs the real tabbyctl binary, as scripts and kubectl
 // run it, against a real API server: its exit codes, every -o format of
 // every command that prints a report, and `kubectl tabby` through the real
-// kubectl. It needs root and the control plane (see test/cluster).
+// kubectl. It needs root and the control plane (see internal/controlplane).
 package clitest
 
 import (
@@ -22,10 +22,10 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/ipam"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
 )
 
 // tabbyctl is the binary under test, kubeconfig an admin kubeconfig of the
@@ -33,7 +33,7 @@ import (
 var tabbyctl, kubeconfig, kubectl string
 
 func TestMain(m *testing.M) {
-	clustertest.Main(m, func(c *cluster.Cluster) (err error) {
+	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
 		if tabbyctl, err = testnet.Binary(filepath.Join(c.Dir, "bin"), "tabbyctl"); err != nil {
 			return err
 		}

@@ -21,11 +21,11 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/ipam/inspect"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
-	"github.com/tabbynet/tabby/test/testnet"
 )
 
 // tabbyctl is the binary under test ($TABBY_BIN_DIR/tabbyctl, else built),
@@ -34,7 +34,7 @@ import (
 var tabbyctl, kubeconfig, kubectlDir string
 
 func TestMain(m *testing.M) {
-	clustertest.Main(m, func(c *cluster.Cluster) (err error) {
+	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
 		if tabbyctl, err = testnet.Binary(filepath.Join(c.Dir, "bin"), "tabbyctl"); err != nil {
 			return err
 		}

@@ -15,9 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/scheduler-extender/framework"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins/interpodaffinity"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
 )
 
 func TestMain(m *testing.M) { clustertest.Main(m, nil) }

@@ -32,7 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // ReferencePluginDir holds Debian's containernetworking-plugins.
@@ -65,7 +65,7 @@ type NodeOptions struct {
 	PluginDirs []string
 	// Cluster, when set, gives the node a forwarder to its API server, a
 	// kubeconfig (Node.Kubeconfig) and a Node object with Labels.
-	Cluster *cluster.Cluster
+	Cluster *controlplane.Cluster
 	Labels  map[string]string
 }
 
@@ -222,12 +222,12 @@ func linkUp(name string) error {
 }
 
 // connect gives the node its forwarder, kubeconfig and Node object.
-func (n *Node) connect(ctx context.Context, c *cluster.Cluster, labels map[string]string) error {
+func (n *Node) connect(ctx context.Context, c *controlplane.Cluster, labels map[string]string) error {
 	u, err := url.Parse(c.Server)
 	if err != nil {
 		return err
 	}
-	listen, stop, err := cluster.ForwardIntoNetNS(n.NS.Path(), u.Host)
+	listen, stop, err := controlplane.ForwardIntoNetNS(n.NS.Path(), u.Host)
 	if err != nil {
 		return fmt.Errorf("forwarding the API server into node %s: %w", n.Name, err)
 	}
@@ -269,7 +269,7 @@ func (n *Node) CutAPIServer() (restore func() error) {
 		if err != nil {
 			return fmt.Errorf("listening for the API server in node %s again: %w", n.Name, err)
 		}
-		n.stopForward = cluster.Forward(ln, func(ctx context.Context) (net.Conn, error) {
+		n.stopForward = controlplane.Forward(ln, func(ctx context.Context) (net.Conn, error) {
 			return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", n.apiTarget)
 		})
 		return nil

@@ -1,4 +1,4 @@
-package cluster_test
+package controlplane_test
 
 import (
 	"context"
@@ -21,8 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 // netnsWithAddress makes a named namespace whose only way anywhere is a
@@ -36,7 +36,7 @@ func netnsWithAddress(t *testing.T, addr string) string {
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	path := "/var/run/netns/" + name
-	err := cluster.InNetNS(path, func() error {
+	err := controlplane.InNetNS(path, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: "up0-peer"}); err != nil {
 			return err
 		}
@@ -80,7 +80,7 @@ func TestControlPlaneInNetNS(t *testing.T) {
 	nsPath := netnsWithAddress(t, "10.123.0.2/24")
 	ctx := ctxT(t, 2*time.Minute)
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{BinDir: first.BinDir, RepoRoot: first.RepoRoot, NetNS: nsPath, Address: "10.123.0.2", APIServerPort: 6443, Detach: true})
+	c, err := controlplane.Start(ctx, controlplane.Options{BinDir: first.BinDir, RepoRoot: first.RepoRoot, NetNS: nsPath, Address: "10.123.0.2", APIServerPort: 6443, Detach: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,10 +88,10 @@ func TestControlPlaneInNetNS(t *testing.T) {
 	if c.Server != "https://10.123.0.2:6443" || c.Address() != "10.123.0.2" {
 		t.Errorf("server %s address %s", c.Server, c.Address())
 	}
-	if _, err := c.StartScheduler(ctx, cluster.SchedulerOptions{}); err != nil {
+	if _, err := c.StartScheduler(ctx, controlplane.SchedulerOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.StartControllerManager(ctx, cluster.ControllerManagerOptions{}); err != nil {
+	if _, err := c.StartControllerManager(ctx, controlplane.ControllerManagerOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("control plane up in the namespace in %v", time.Since(start).Round(time.Millisecond))
@@ -120,14 +120,14 @@ func TestControlPlaneInNetNS(t *testing.T) {
 
 	// ApplyManifests: tabby's namespace and RBAC from deploy/base.
 	base := filepath.Join(c.RepoRoot, "deploy", "base")
-	if err := cluster.ApplyManifests(ctx, c.RESTConfig(), filepath.Join(base, "namespace.yaml"), filepath.Join(base, "rbac.yaml")); err != nil {
+	if err := controlplane.ApplyManifests(ctx, c.RESTConfig(), filepath.Join(base, "namespace.yaml"), filepath.Join(base, "rbac.yaml")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cs.RbacV1().ClusterRoles().Get(ctx, "tabby-cni", metav1.GetOptions{}); err != nil {
 		t.Errorf("the ClusterRole tabby-cni was not applied: %v", err)
 	}
 	// Applying again changes nothing and fails nothing.
-	if err := cluster.ApplyManifests(ctx, c.RESTConfig(), filepath.Join(base, "namespace.yaml")); err != nil {
+	if err := controlplane.ApplyManifests(ctx, c.RESTConfig(), filepath.Join(base, "namespace.yaml")); err != nil {
 		t.Errorf("applying again: %v", err)
 	}
 
@@ -191,7 +191,7 @@ func TestControlPlaneInNetNS(t *testing.T) {
 // up, which the lab's tests check) and gets the environment it is given.
 func TestSpawnDetached(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "sleep.log")
-	p, err := cluster.Spawn("sleep", "/bin/sleep", log, cluster.SpawnOptions{Detach: true, Env: []string{"A=1"}}, "600")
+	p, err := controlplane.Spawn("sleep", "/bin/sleep", log, controlplane.SpawnOptions{Detach: true, Env: []string{"A=1"}}, "600")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@
 // apiserver.crt as their CA; a client that reaches the server under another
 // address (through a forwarder) sets the TLS server name to "kubernetes"
 // (WriteKubeconfig does this).
-package cluster
+package controlplane
 
 import (
 	"bytes"

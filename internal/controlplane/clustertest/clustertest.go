@@ -32,7 +32,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // EnvKeep keeps the cluster folder after the tests when set to a non-empty value.
@@ -40,18 +40,18 @@ const EnvKeep = "TABBY_KEEP_CLUSTER"
 
 var (
 	mu     sync.Mutex
-	shared *cluster.Cluster
+	shared *controlplane.Cluster
 )
 
 // Main starts a control plane, installs the CRDs and policies, calls setup
 // (may be nil) with the cluster, runs the package's tests and stops the
 // control plane, then exits with the tests' status. Anything that goes
 // wrong before the tests run exits non-zero with the reason.
-func Main(m *testing.M, setup func(*cluster.Cluster) error) {
+func Main(m *testing.M, setup func(*controlplane.Cluster) error) {
 	os.Exit(run(m, setup))
 }
 
-func run(m *testing.M, setup func(*cluster.Cluster) error) int {
+func run(m *testing.M, setup func(*controlplane.Cluster) error) int {
 	fail := func(format string, args ...any) int {
 		fmt.Fprintf(os.Stderr, "FAIL: clustertest: "+format+"\n", args...)
 		return 1
@@ -66,7 +66,7 @@ func run(m *testing.M, setup func(*cluster.Cluster) error) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{KeepDir: os.Getenv(EnvKeep) != ""})
+	c, err := controlplane.Start(ctx, controlplane.Options{KeepDir: os.Getenv(EnvKeep) != ""})
 	if err != nil {
 		return fail("starting the control plane: %v", err)
 	}
@@ -122,7 +122,7 @@ func run(m *testing.M, setup func(*cluster.Cluster) error) int {
 
 // Cluster is the running control plane; it panics outside a test package
 // whose TestMain calls Main.
-func Cluster() *cluster.Cluster {
+func Cluster() *controlplane.Cluster {
 	mu.Lock()
 	defer mu.Unlock()
 	if shared == nil {

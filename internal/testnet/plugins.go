@@ -6,7 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // EnvBinDir names a folder holding prebuilt tabby and tabby-ipam binaries
@@ -25,7 +25,7 @@ func PluginDir(buildDir string) (string, error) {
 		}
 		return d, nil
 	}
-	root, err := cluster.FindRepoRoot()
+	root, err := controlplane.FindRepoRoot()
 	if err != nil {
 		return "", fmt.Errorf("finding the repository to build the plugins (or set $%s): %w", EnvBinDir, err)
 	}

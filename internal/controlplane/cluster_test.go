@@ -1,4 +1,4 @@
-package cluster_test
+package controlplane_test
 
 import (
 	"bufio"
@@ -29,8 +29,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
-	"github.com/tabbynet/tabby/test/cluster/clustertest"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
 
 const envChild = "TABBY_CLUSTER_TEST_CHILD"
@@ -49,7 +49,7 @@ func TestMain(m *testing.M) {
 func childMain() {
 	// Retire the thread this goroutine runs on after a fork elsewhere, to
 	// show that the child's Pdeathsig is tied to the spawner thread only.
-	p, err := cluster.StartProcessForTest("sleep", "/bin/sleep", os.Getenv(envChild), "600")
+	p, err := controlplane.StartProcessForTest("sleep", "/bin/sleep", os.Getenv(envChild), "600")
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
@@ -141,7 +141,7 @@ func contains(l []string, s string) bool {
 
 // pidsOf finds the pids of the processes running BinDir/name whose command
 // line mentions the cluster's folder or ports.
-func pidsOf(t *testing.T, c *cluster.Cluster, name string) []int {
+func pidsOf(t *testing.T, c *controlplane.Cluster, name string) []int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -219,9 +219,9 @@ func TestServingCertificate(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Errorf("a client reaching https://localhost: %v, want a certificate error", err)
 	}
-	cfg.ServerName = cluster.ServerName
+	cfg.ServerName = controlplane.ServerName
 	if _, err := clientset(t, cfg).Discovery().ServerVersion(); err != nil {
-		t.Errorf("with ServerName %s: %v", cluster.ServerName, err)
+		t.Errorf("with ServerName %s: %v", controlplane.ServerName, err)
 	}
 }
 
@@ -261,8 +261,8 @@ func TestWriteKubeconfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg2.ServerName != cluster.ServerName {
-		t.Errorf("kubeconfig for https://%s: tls-server-name %q, want %q", addr, cfg2.ServerName, cluster.ServerName)
+	if cfg2.ServerName != controlplane.ServerName {
+		t.Errorf("kubeconfig for https://%s: tls-server-name %q, want %q", addr, cfg2.ServerName, controlplane.ServerName)
 	}
 	out, err = exec.Command(filepath.Join(c.BinDir, "kubectl"), "--kubeconfig", kc2, "get", "namespace", "default", "-o", "name").CombinedOutput()
 	if err != nil || strings.TrimSpace(string(out)) != "namespace/default" {
@@ -369,7 +369,7 @@ func TestForwardIntoNetNS(t *testing.T) {
 			t.Errorf("ip netns del %s: %v: %s", name, err, out)
 		}
 	})
-	addr, stop, err := cluster.ForwardIntoNetNS("/var/run/netns/"+name, strings.TrimPrefix(c.Server, "https://"))
+	addr, stop, err := controlplane.ForwardIntoNetNS("/var/run/netns/"+name, strings.TrimPrefix(c.Server, "https://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +439,7 @@ func TestForwardIntoNetNS(t *testing.T) {
 }
 
 func TestForwardIntoNetNSErrors(t *testing.T) {
-	if _, _, err := cluster.ForwardIntoNetNS("/var/run/netns/tabby-no-such-namespace", "127.0.0.1:1"); err == nil {
+	if _, _, err := controlplane.ForwardIntoNetNS("/var/run/netns/tabby-no-such-namespace", "127.0.0.1:1"); err == nil {
 		t.Errorf("a missing namespace was accepted")
 	}
 }
@@ -456,7 +456,7 @@ func TestSecondClusterStopAndKeepDir(t *testing.T) {
 	first := clustertest.Cluster()
 	dir := filepath.Join(t.TempDir(), "second")
 	start := time.Now()
-	c, err := cluster.Start(ctxT(t, 2*time.Minute), cluster.Options{Dir: dir, KeepDir: true, BinDir: first.BinDir})
+	c, err := controlplane.Start(ctxT(t, 2*time.Minute), controlplane.Options{Dir: dir, KeepDir: true, BinDir: first.BinDir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +507,7 @@ func TestSecondClusterStopAndKeepDir(t *testing.T) {
 func TestStartFailureShowsLog(t *testing.T) {
 	first := clustertest.Cluster()
 	dir := filepath.Join(t.TempDir(), "failing") // Start makes it, so Stop removes it
-	_, err := cluster.Start(ctxT(t, time.Minute), cluster.Options{Dir: dir, BinDir: first.BinDir, ExtraAPIServerArgs: []string{"--no-such-flag=1"}})
+	_, err := controlplane.Start(ctxT(t, time.Minute), controlplane.Options{Dir: dir, BinDir: first.BinDir, ExtraAPIServerArgs: []string{"--no-such-flag=1"}})
 	if err == nil {
 		t.Fatal("Start succeeded with a bad kube-apiserver flag")
 	}
@@ -522,7 +522,7 @@ func TestStartFailureShowsLog(t *testing.T) {
 	if pids := pidsOfDir(t, dir); len(pids) > 0 {
 		t.Errorf("a failed Start left processes behind: %v", pids)
 	}
-	if _, err := cluster.Start(context.Background(), cluster.Options{BinDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "missing") {
+	if _, err := controlplane.Start(context.Background(), controlplane.Options{BinDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("Start with an empty BinDir: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package controlplane
 
 // StartProcessForTest exposes startProcess to the package's tests.
 var StartProcessForTest = startProcess

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
 )
 
 // TabbydHealthAddr is where a node's tabbyd serves /healthz and /metrics,
@@ -35,7 +35,7 @@ func Binary(buildDir, name string) (string, error) {
 		}
 		return p, nil
 	}
-	root, err := cluster.FindRepoRoot()
+	root, err := controlplane.FindRepoRoot()
 	if err != nil {
 		return "", fmt.Errorf("finding the repository to build %s (or set $%s): %w", name, EnvBinDir, err)
 	}
