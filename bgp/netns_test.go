@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // A lab for real BGP sessions: network namespaces on a bridge that lives in
@@ -40,14 +42,7 @@ func needRoot(t *testing.T, programs ...string) {
 	if testing.Short() {
 		t.Skip("short mode: skipping tests with network namespaces")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces: run the tests as root")
-	}
-	for _, p := range append([]string{"ip", "nsenter"}, programs...) {
-		if _, err := exec.LookPath(p); err != nil {
-			t.Skipf("needs %s on PATH (Debian: iproute2, util-linux, bird2)", p)
-		}
-	}
+	tier.Root(t, "to create network namespaces", append([]string{"ip", "nsenter"}, programs...)...)
 }
 
 // newLab makes the bridge namespace; nodes come with node().

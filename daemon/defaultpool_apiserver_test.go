@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // syncBuffer is a log sink the test reads while tabbyd's goroutine writes.
@@ -44,9 +44,7 @@ func (s *syncBuffer) String() string {
 // tabbyd tries again and creates it once admission lets it through. A
 // tabbyd that gave up left a lab with no pool and every node NotReady.
 func TestDefaultPoolAfterRefusal(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING: a real control plane needs root (make test runs it as root)")
-	}
+	tier.Root(t, "a control plane of its own (it stops its API server)")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	c, err := controlplane.Start(ctx, controlplane.Options{})

@@ -2,13 +2,14 @@ package daemon
 
 import (
 	"net"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // TestNodeAddress finds the node's address in a namespace of its own:
@@ -16,9 +17,7 @@ import (
 // default route's interface, else the source address towards the API
 // server.
 func TestNodeAddress(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING a real-kernel test: it needs root to create a network namespace (make test runs it as root)")
-	}
+	tier.Root(t, "a real-kernel test: it creates a network namespace")
 	n, err := testutils.NewNS()
 	if err != nil {
 		t.Fatal(err)

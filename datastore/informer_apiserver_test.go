@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 // within a few seconds. client-go's reflector alone backs off to 30 s and
 // more by then, and missed such changes for up to a minute.
 func TestInformerAfterOutage(t *testing.T) {
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	ds, err := datastore.New(c.RESTConfig())
 	if err != nil {
 		t.Fatal(err)

@@ -32,7 +32,7 @@ import (
 // built-in kustomize (what `kubectl apply -k` applies) and parses it.
 func kustomize(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
-	out := mustKubectl(t, adminKubeconfig, nil, "kustomize", dir)
+	out := mustKubectl(t, adminKubeconfig(t), nil, "kustomize", dir)
 	objs, err := Objects([]byte(out))
 	if err != nil {
 		t.Fatalf("kubectl kustomize %s: %v", dir, err)
@@ -57,7 +57,7 @@ func rendered(t *testing.T, opts RenderOptions) []*unstructured.Unstructured {
 // of a kind live in a namespace.
 func namespaced(t *testing.T) func(schema.GroupVersionKind) bool {
 	t.Helper()
-	dc, err := discovery.NewDiscoveryClientForConfig(clustertest.Config())
+	dc, err := discovery.NewDiscoveryClientForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,9 +245,9 @@ func TestKustomizeOverlay(t *testing.T) {
 	// The API server takes the overlay as kubectl apply -k sends it (a
 	// server-side dry run: the namespaced objects need their namespace to
 	// exist, so it is made for real, and deleted after).
-	mustKubectl(t, adminKubeconfig, nil, "create", "namespace", ns)
-	t.Cleanup(func() { _, _, _ = kubectl(t, adminKubeconfig, nil, "delete", "namespace", ns, "--wait=false") })
-	out := mustKubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-k", dir, "-o", "yaml")
+	mustKubectl(t, adminKubeconfig(t), nil, "create", "namespace", ns)
+	t.Cleanup(func() { _, _, _ = kubectl(t, adminKubeconfig(t), nil, "delete", "namespace", ns, "--wait=false") })
+	out := mustKubectl(t, adminKubeconfig(t), nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-k", dir, "-o", "yaml")
 	// What the server would store: kustomize's namespace on the
 	// cluster-scoped policies is dropped (the README says so).
 	var list struct {

@@ -54,16 +54,25 @@ var readmeInstall = [][]string{
 	{"apply", "--server-side", "-f", manifest},
 }
 
-// adminKubeconfig is an admin kubeconfig of the shared control plane.
-var adminKubeconfig string
+// adminKC is an admin kubeconfig of the shared control plane, written by
+// TestMain's setup when the first test asks for the control plane.
+var adminKC string
+
+// adminKubeconfig starts the shared control plane if need be and returns
+// its admin kubeconfig.
+func adminKubeconfig(t *testing.T) string {
+	t.Helper()
+	clustertest.Cluster(t)
+	return adminKC
+}
 
 func TestMain(m *testing.M) {
 	clustertest.Main(m, func(c *controlplane.Cluster) error {
 		if _, err := os.Stat(filepath.Join(c.BinDir, "kubectl")); err != nil {
 			return fmt.Errorf("kubectl is not among the control-plane binaries: %w", err)
 		}
-		adminKubeconfig = filepath.Join(c.Dir, "deploy-admin.kubeconfig")
-		return c.WriteKubeconfig(adminKubeconfig, "")
+		adminKC = filepath.Join(c.Dir, "deploy-admin.kubeconfig")
+		return c.WriteKubeconfig(adminKC, "")
 	})
 }
 
@@ -71,7 +80,7 @@ func TestMain(m *testing.M) {
 // stderr are returned apart (kubectl warns on stderr).
 func kubectl(t *testing.T, kubeconfig string, stdin []byte, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(clustertest.Cluster().BinDir, "kubectl"),
+	cmd := exec.Command(filepath.Join(clustertest.Cluster(t).BinDir, "kubectl"),
 		append([]string{"--kubeconfig", kubeconfig, "--request-timeout", "60s"}, args...)...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
@@ -115,7 +124,7 @@ func ensureNamespace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustKubectl(t, adminKubeconfig, doc, "apply", "--server-side", "-f", "-")
+	mustKubectl(t, adminKubeconfig(t), doc, "apply", "--server-side", "-f", "-")
 }
 
 var applied struct {
@@ -126,8 +135,9 @@ var applied struct {
 // ensureApplied applies tabby.yaml for real, once per test binary.
 func ensureApplied(t *testing.T) {
 	t.Helper()
+	kc := adminKubeconfig(t) // outside the once: it may skip or fail t
 	applied.once.Do(func() {
-		out, errOut, err := kubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "-f", manifest)
+		out, errOut, err := kubectl(t, kc, nil, "apply", "--server-side", forceConflicts, "-f", manifest)
 		if err != nil {
 			applied.err = fmt.Errorf("kubectl apply --server-side -f %s: %v\n%s%s", manifest, err, out, errOut)
 		}
@@ -152,7 +162,7 @@ func TestServerSideDryRun(t *testing.T) {
 	existedBefore := !apierrors.IsNotFound(dsErr)
 
 	start := time.Now()
-	out := mustKubectl(t, adminKubeconfig, nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-f", manifest)
+	out := mustKubectl(t, adminKubeconfig(t), nil, "apply", "--server-side", forceConflicts, "--dry-run=server", "-f", manifest)
 	t.Logf("server-side dry run of %d objects in %v", len(objs), time.Since(start).Round(time.Millisecond))
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != len(objs) {
@@ -171,14 +181,14 @@ func TestServerSideDryRun(t *testing.T) {
 	}
 
 	// A client-side apply (plain kubectl apply -f) passes too.
-	out = mustKubectl(t, adminKubeconfig, nil, "apply", "--dry-run=server", "-f", manifest)
+	out = mustKubectl(t, adminKubeconfig(t), nil, "apply", "--dry-run=server", "-f", manifest)
 	if n := strings.Count(out, "(server dry run)"); n != len(objs) {
 		t.Errorf("client-side apply: %d objects dry-run, want %d:\n%s", n, len(objs), out)
 	}
 
 	// The dry run really validates: a DaemonSet with a bad field is refused.
 	bad := bytes.Replace(readManifest(t), []byte("priorityClassName: system-node-critical"), []byte("priorityClassName: 42"), 1)
-	_, errOut, err := kubectl(t, adminKubeconfig, bad, "apply", "--server-side", forceConflicts, "--dry-run=server", "-f", "-")
+	_, errOut, err := kubectl(t, adminKubeconfig(t), bad, "apply", "--server-side", forceConflicts, "--dry-run=server", "-f", "-")
 	if err == nil {
 		t.Errorf("a bad DaemonSet passed the dry run: %s", errOut)
 	}
@@ -186,7 +196,7 @@ func TestServerSideDryRun(t *testing.T) {
 
 func clientset(t *testing.T) *kubernetes.Clientset {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(clustertest.Config())
+	cs, err := kubernetes.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +338,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 				} else if resource == "pods" || c.resource == "networkpolicies.networking.k8s.io" {
 					args = append(args, "--all-namespaces")
 				}
-				out, errOut, err := kubectl(t, adminKubeconfig, nil, args...)
+				out, errOut, err := kubectl(t, adminKubeconfig(t), nil, args...)
 				answer := strings.TrimSpace(out)
 				if answer != "yes" && answer != "no" {
 					t.Fatalf("kubectl %s: %v: %s%s", strings.Join(args, " "), err, out, errOut)
@@ -349,7 +359,7 @@ func TestRBACLeastPrivilege(t *testing.T) {
 // no more; tabbyd's refresher, as tabby-node, replaces the token.
 func TestCNICredentialsDoIPAM(t *testing.T) {
 	ensureApplied(t)
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	cs := clientset(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -493,7 +503,7 @@ func TestFreshClusterInstall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	c, err := controlplane.Start(ctx, controlplane.Options{BinDir: clustertest.Cluster().BinDir})
+	c, err := controlplane.Start(ctx, controlplane.Options{BinDir: clustertest.Cluster(t).BinDir})
 	if err != nil {
 		t.Fatal(err)
 	}

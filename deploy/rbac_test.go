@@ -58,7 +58,7 @@ func tabbyNodeToken(t *testing.T, cs *kubernetes.Clientset, node string) string 
 // tokenClient is a client of the shared control plane authenticated by token.
 func tokenClient(t *testing.T, token string) *kubernetes.Clientset {
 	t.Helper()
-	cfg := rest.AnonymousClientConfig(clustertest.Config())
+	cfg := rest.AnonymousClientConfig(clustertest.Config(t))
 	cfg.BearerToken = token
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -282,8 +282,8 @@ func TestBGPPasswordGrant(t *testing.T) {
 		t.Fatalf("before the grant: %v, want Forbidden", err)
 	}
 	// As in the README ("BGP passwords").
-	mustKubectl(t, adminKubeconfig, nil, "-n", namespace, "create", "role", "tabby-bgp-passwords", "--verb=get", "--resource=secrets", "--resource-name=bgp-passwords")
-	mustKubectl(t, adminKubeconfig, nil, "-n", namespace, "create", "rolebinding", "tabby-bgp-passwords", "--role=tabby-bgp-passwords", "--serviceaccount=tabby-system:tabby-node")
+	mustKubectl(t, adminKubeconfig(t), nil, "-n", namespace, "create", "role", "tabby-bgp-passwords", "--verb=get", "--resource=secrets", "--resource-name=bgp-passwords")
+	mustKubectl(t, adminKubeconfig(t), nil, "-n", namespace, "create", "rolebinding", "tabby-bgp-passwords", "--role=tabby-bgp-passwords", "--serviceaccount=tabby-system:tabby-node")
 	t.Cleanup(func() {
 		_ = admin.RbacV1().RoleBindings(namespace).Delete(context.Background(), "tabby-bgp-passwords", metav1.DeleteOptions{})
 		_ = admin.RbacV1().Roles(namespace).Delete(context.Background(), "tabby-bgp-passwords", metav1.DeleteOptions{})

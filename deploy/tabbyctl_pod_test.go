@@ -28,7 +28,7 @@ const tabbyctlPod = "tabbyctl-pod.yaml"
 // carries token, as the in-cluster config of a pod would.
 func tokenKubeconfig(t *testing.T, token string) string {
 	t.Helper()
-	admin := clustertest.Config()
+	admin := clustertest.Config(t)
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: admin.Host, CertificateAuthority: admin.CAFile, CertificateAuthorityData: admin.CAData}
 	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: token}
@@ -66,9 +66,9 @@ func TestTabbyctlPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	ensureNamespace(t)
-	mustKubectl(t, adminKubeconfig, nil, "apply", "--server-side", "-f", tabbyctlPod)
+	mustKubectl(t, adminKubeconfig(t), nil, "apply", "--server-side", "-f", tabbyctlPod)
 	t.Cleanup(func() {
-		_, _, _ = kubectl(t, adminKubeconfig, nil, "delete", "--ignore-not-found", "--wait=false", "-f", tabbyctlPod)
+		_, _, _ = kubectl(t, adminKubeconfig(t), nil, "delete", "--ignore-not-found", "--wait=false", "-f", tabbyctlPod)
 	})
 	cs := clientset(t)
 	pod, err := cs.CoreV1().Pods(namespace).Get(ctx, "tabbyctl", metav1.GetOptions{})
@@ -116,7 +116,7 @@ func TestTabbyctlPod(t *testing.T) {
 	}
 
 	// Read-only: a write and a Secret are Forbidden.
-	cfg := rest.AnonymousClientConfig(clustertest.Config())
+	cfg := rest.AnonymousClientConfig(clustertest.Config(t))
 	cfg.BearerToken = token
 	ds, err := datastore.New(cfg)
 	if err != nil {
@@ -139,9 +139,9 @@ func TestTabbyctlPod(t *testing.T) {
 	}
 
 	// The grant of the file's comment, as an admin types it.
-	mustKubectl(t, adminKubeconfig, nil, "create", "clusterrolebinding", "tabbyctl-release", "--clusterrole=tabbyctl-release", "--serviceaccount=tabby-system:tabbyctl")
+	mustKubectl(t, adminKubeconfig(t), nil, "create", "clusterrolebinding", "tabbyctl-release", "--clusterrole=tabbyctl-release", "--serviceaccount=tabby-system:tabbyctl")
 	t.Cleanup(func() {
-		_, _, _ = kubectl(t, adminKubeconfig, nil, "delete", "clusterrolebinding", "tabbyctl-release", "--ignore-not-found")
+		_, _, _ = kubectl(t, adminKubeconfig(t), nil, "delete", "clusterrolebinding", "tabbyctl-release", "--ignore-not-found")
 	})
 	for _, r := range release {
 		if !allowed(t, ctx, token, r[0], r[1]) {

@@ -64,6 +64,14 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) write(path string, data []byte, mode os.FileMode) {
 	e.t.Helper()
+	// A read-only file (the token, the CA) is replaced, as kubelet
+	// replaces a projected volume's files: without root it cannot be
+	// opened for writing.
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o200 == 0 {
+		if err := os.Remove(path); err != nil {
+			e.t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(path, data, mode); err != nil {
 		e.t.Fatal(err)
 	}

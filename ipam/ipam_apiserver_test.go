@@ -29,7 +29,7 @@ func TestMain(m *testing.M) { clustertest.Main(m, nil) }
 
 func client(t testing.TB) *datastore.Client {
 	t.Helper()
-	cfg := rest.CopyConfig(clustertest.Cluster().RESTConfig())
+	cfg := rest.CopyConfig(clustertest.Cluster(t).RESTConfig())
 	cfg.QPS = -1 // many goroutines share this client; each CNI call has its own
 	ds, err := datastore.New(cfg)
 	if err != nil {
@@ -518,7 +518,7 @@ func TestPodRequest(t *testing.T) {
 // TestDatastoreDown: with no API server listening, requests fail fast with
 // an error that says what to check.
 func TestDatastoreDown(t *testing.T) {
-	cfg := rest.CopyConfig(clustertest.Cluster().RESTConfig())
+	cfg := rest.CopyConfig(clustertest.Cluster(t).RESTConfig())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

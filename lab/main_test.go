@@ -3,16 +3,15 @@ package lab
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
+
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
-// requireRoot fails a test that needs root (namespaces) when not root.
+// requireRoot skips a test that needs root (namespaces) when not root.
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("this test needs root (network namespaces): run it as root, for example with sudo -E go test")
-	}
+	tier.Root(t, "to create network namespaces")
 }
 
 func randHex(n int) string {

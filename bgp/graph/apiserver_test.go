@@ -2,7 +2,6 @@ package graph
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	v1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // TestLoadFromAPIServer: the objects a real API server holds (Nodes with
@@ -24,9 +24,7 @@ import (
 // of a user who may not exec names the grant to ask for, and the
 // topology is still drawn.
 func TestLoadFromAPIServer(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING: a real control plane needs root (make test runs it as root)")
-	}
+	tier.Root(t, "a control plane of its own")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	c, err := controlplane.Start(ctx, controlplane.Options{})

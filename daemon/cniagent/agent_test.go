@@ -40,7 +40,7 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	ds, err := datastore.New(clustertest.Cluster().RESTConfig())
+	ds, err := datastore.New(clustertest.Cluster(t).RESTConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func TestRetryAfter(t *testing.T) {
 func setup(t *testing.T) (*kubernetes.Clientset, string) {
 	t.Helper()
 	ctx := context.Background()
-	cs, err := kubernetes.NewForConfig(clustertest.Config())
+	cs, err := kubernetes.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func setup(t *testing.T) (*kubernetes.Clientset, string) {
 		t.Fatal(err)
 	}
 	path := filepath.Join(t.TempDir(), "tabby-kubeconfig")
-	data, err := Kubeconfig(clustertest.Cluster().Server, clustertest.Cluster().CAData(), "placeholder")
+	data, err := Kubeconfig(clustertest.Cluster(t).Server, clustertest.Cluster(t).CAData(), "placeholder")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func (w *world) assign(t *testing.T, p *corev1.Pod) netip.Addr {
 
 func (w *world) policy(t *testing.T, np *networkingv1.NetworkPolicy) {
 	t.Helper()
-	pc, err := NewPolicyClient(clustertest.Config(), w.ns)
+	pc, err := NewPolicyClient(clustertest.Config(t), w.ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func (w *world) start(t *testing.T, compile Compiler) *running {
 	if compile == nil {
 		compile = policy.Compile
 	}
-	pc, err := NewPolicyClient(clustertest.Config(), metav1.NamespaceAll)
+	pc, err := NewPolicyClient(clustertest.Config(t), metav1.NamespaceAll)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,7 +497,7 @@ func TestProblemsBecomeEvents(t *testing.T) {
 	}
 
 	// Another message: another Event.
-	pc, _ := NewPolicyClient(clustertest.Config(), w.ns)
+	pc, _ := NewPolicyClient(clustertest.Config(t), w.ns)
 	if _, err := pc.Patch(context.Background(), "refused", "application/merge-patch+json",
 		[]byte(`{"metadata":{"annotations":{"`+ann+`":"second problem"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)

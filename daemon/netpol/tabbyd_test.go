@@ -37,7 +37,7 @@ var (
 func binaries(t *testing.T) (plugins, tabbyd string) {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir := filepath.Join(clustertest.Cluster().Dir, "netpol-bin")
+		dir := filepath.Join(clustertest.Cluster(t).Dir, "netpol-bin")
 		if pluginDir, buildErr = testnet.PluginDir(dir); buildErr == nil {
 			tabbydBin, buildErr = testnet.Binary(dir, "tabbyd")
 		}
@@ -68,7 +68,7 @@ func newE2E(t *testing.T) *e2e {
 	name := fmt.Sprintf("netpol-e2e-%d", i)
 	label := map[string]string{"netpol-e2e": name}
 	n, err := testnet.NewNode(waitCtx(t, time.Minute), testnet.NodeOptions{
-		Name: name, Dir: t.TempDir(), PluginDirs: []string{plugins}, Cluster: clustertest.Cluster(), Labels: label,
+		Name: name, Dir: t.TempDir(), PluginDirs: []string{plugins}, Cluster: clustertest.Cluster(t), Labels: label,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -316,7 +316,7 @@ func (e *e2e) linkExists(t *testing.T, name string) bool {
 // /readyz fails while the heartbeat cannot renew it.
 func ensureTabbyNamespace(t *testing.T) {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(clustertest.Cluster().RESTConfig())
+	cs, err := kubernetes.NewForConfig(clustertest.Cluster(t).RESTConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

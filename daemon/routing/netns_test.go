@@ -26,14 +26,13 @@ import (
 
 	v1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/plugin"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING a real-kernel test: it needs root to create network namespaces (make test runs it as root)")
-	}
+	tier.Root(t, "a real-kernel test: it creates network namespaces")
 }
 
 // newNS makes a namespace with lo up and without IPv6 duplicate address

@@ -80,7 +80,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 }
 
 func TestStartedClusterAnswers(t *testing.T) {
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	ctx := ctxT(t, 30*time.Second)
 	cs := clientset(t, c.RESTConfig())
 	v, err := cs.Discovery().ServerVersion()
@@ -168,7 +168,7 @@ func pidsOf(t *testing.T, c *controlplane.Cluster, name string) []int {
 // TestServingCertificate checks what the API server's self-signed
 // certificate names, and that clients really verify it.
 func TestServingCertificate(t *testing.T) {
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	data, err := os.ReadFile(c.CAFile)
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +226,7 @@ func TestServingCertificate(t *testing.T) {
 }
 
 func TestWriteKubeconfig(t *testing.T) {
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	dir := t.TempDir()
 
 	// The real address.
@@ -308,7 +308,7 @@ func hostForwarder(t *testing.T, listen, target string) (string, func()) {
 }
 
 func TestStopAndStartAPIServer(t *testing.T) {
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	ctx := ctxT(t, 2*time.Minute)
 	ds := clustertest.Client(t)
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "survives-restart"}}
@@ -359,7 +359,7 @@ func TestStopAndStartAPIServer(t *testing.T) {
 }
 
 func TestForwardIntoNetNS(t *testing.T) {
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	name := "tabby-fwd-" + randHex(4)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)
@@ -453,7 +453,7 @@ func randHex(n int) string {
 // TestSecondClusterStopAndKeepDir starts a second, independent cluster in a
 // given folder, with KeepDir, and checks Stop ends exactly its processes.
 func TestSecondClusterStopAndKeepDir(t *testing.T) {
-	first := clustertest.Cluster()
+	first := clustertest.Cluster(t)
 	dir := filepath.Join(t.TempDir(), "second")
 	start := time.Now()
 	c, err := controlplane.Start(ctxT(t, 2*time.Minute), controlplane.Options{Dir: dir, KeepDir: true, BinDir: first.BinDir})
@@ -505,7 +505,7 @@ func TestSecondClusterStopAndKeepDir(t *testing.T) {
 // TestStartFailureShowsLog: a component that cannot start makes Start fail
 // with the end of its log, and leaves nothing behind.
 func TestStartFailureShowsLog(t *testing.T) {
-	first := clustertest.Cluster()
+	first := clustertest.Cluster(t)
 	dir := filepath.Join(t.TempDir(), "failing") // Start makes it, so Stop removes it
 	_, err := controlplane.Start(ctxT(t, time.Minute), controlplane.Options{Dir: dir, BinDir: first.BinDir, ExtraAPIServerArgs: []string{"--no-such-flag=1"}})
 	if err == nil {

@@ -76,7 +76,7 @@ func netnsIno(t *testing.T, path string) uint64 {
 // ServiceAccounts, the API server mints tabby-cni tokens, and Stop ends it
 // all.
 func TestControlPlaneInNetNS(t *testing.T) {
-	first := clustertest.Cluster()
+	first := clustertest.Cluster(t)
 	nsPath := netnsWithAddress(t, "10.123.0.2/24")
 	ctx := ctxT(t, 2*time.Minute)
 	start := time.Now()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // TestDemo runs the whole demo (control plane, node, three pods, pings,
@@ -19,9 +20,7 @@ func TestDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the demo needs root, network namespaces and a control plane")
 	}
-	if os.Geteuid() != 0 {
-		t.Fatal("the demo needs root (network namespaces); run this test as root")
-	}
+	tier.Root(t, "the demo makes network namespaces and runs a control plane")
 	plugins, err := testnet.PluginDir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package iptbackend
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -10,6 +9,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 func TestDecide(t *testing.T) {
@@ -65,9 +66,7 @@ func TestParseMode(t *testing.T) {
 // needBoth skips unless this is root with both backends installed.
 func needBoth(t *testing.T) (legacy, nft Backend) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING a real-kernel test: it needs root to create network namespaces (make test runs it as root)")
-	}
+	tier.Root(t, "a real-kernel test: it creates network namespaces")
 	var err error
 	if legacy, err = Paths(Legacy); err != nil {
 		t.Skipf("SKIPPING: the legacy backend is not installed: %v", err)

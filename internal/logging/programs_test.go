@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // refusedKubeconfig names an API server on a loopback port nothing
@@ -51,8 +52,8 @@ func TestJSONLogIsAllJSON(t *testing.T) {
 		{"tabbyd", []string{"--nodename", "jsonlog", "--health-listen", "127.0.0.1:0", "--cni-socket=", "--network-policy=false", "--ipam-gc=false"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.root && os.Geteuid() != 0 {
-				t.Skip("needs root to run tabbyd in a network namespace of its own")
+			if tc.root {
+				tier.Root(t, "to run tabbyd in a network namespace of its own")
 			}
 			bin, err := testnet.Binary(dir, tc.name)
 			if err != nil {

@@ -59,7 +59,7 @@ func TestLeaderElection(t *testing.T) {
 	m := ipam.New(ds)
 	leaked1 := assign(t, m, "net.gone-1", "n1", "gone-1", "") // a pod that never was
 
-	leases, err := coordinationv1client.NewForConfig(clustertest.Config())
+	leases, err := coordinationv1client.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,11 +188,11 @@ func TestRunsWithTabbydRBAC(t *testing.T) {
 	admin := client(t)
 	fresh(t, admin)
 	ctx := context.Background()
-	if err := controlplane.ApplyManifests(ctx, clustertest.Config(), "../../deploy/base/namespace.yaml", "../../deploy/base/rbac.yaml"); err != nil {
+	if err := controlplane.ApplyManifests(ctx, clustertest.Config(t), "../../deploy/base/namespace.yaml", "../../deploy/base/rbac.yaml"); err != nil {
 		t.Fatalf("applying tabby's namespace and RBAC: %v", err)
 	}
 	const tabbyNS = "tabby-system"
-	cfg := rest.CopyConfig(clustertest.Config())
+	cfg := rest.CopyConfig(clustertest.Config(t))
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + tabbyNS + ":tabby-node",
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + tabbyNS, "system:authenticated"}}
 	asNode, err := datastore.New(cfg)
@@ -206,7 +206,7 @@ func TestRunsWithTabbydRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	adminLeases, err := coordinationv1client.NewForConfig(clustertest.Config())
+	adminLeases, err := coordinationv1client.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func (l racingLease) Get(ctx context.Context, name string, opts metav1.GetOption
 func TestLoserLogsNoError(t *testing.T) {
 	ds := client(t)
 	fresh(t, ds)
-	leases, err := coordinationv1client.NewForConfig(clustertest.Config())
+	leases, err := coordinationv1client.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ const ns = "default"
 
 func client(t testing.TB) *datastore.Client {
 	t.Helper()
-	cfg := rest.CopyConfig(clustertest.Config())
+	cfg := rest.CopyConfig(clustertest.Config(t))
 	cfg.QPS = -1
 	ds, err := datastore.New(cfg)
 	if err != nil {

@@ -22,6 +22,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // shared is a folder the package's tests share (the static test program),
@@ -131,9 +133,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 
 func needRoot(t *testing.T, why string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skipf("needs root to %s", why)
-	}
+	tier.Root(t, "to "+why)
 }
 
 // build builds spec into a temporary file and returns its path and image ID.

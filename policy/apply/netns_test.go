@@ -21,18 +21,14 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
 )
 
 func needRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING a real-kernel test: it needs root to create network namespaces (make test runs it as root)")
-	}
-	if _, err := exec.LookPath("ipset"); err != nil {
-		t.Skip("SKIPPING a real-kernel test: the ipset command is not installed")
-	}
+	tier.Root(t, "a real-kernel test: it creates network namespaces", "ipset")
 }
 
 // backends are the iptables backends installed here; each real-kernel test

@@ -100,11 +100,12 @@ func title(name string) string {
 // benchmark's cleanup removes them.
 func setup(b *testing.B, name string) (*testnet.Node, *testnet.Tabbyd, []*subject) {
 	b.Helper()
+	c := clustertest.Cluster(b) // first: its setup sets binDir and tabbyd
 	n, err := testnet.NewNode(context.Background(), testnet.NodeOptions{
 		Name:       name,
 		Dir:        b.TempDir(),
 		PluginDirs: []string{binDir, testnet.ReferencePluginDir},
-		Cluster:    clustertest.Cluster(),
+		Cluster:    c,
 	})
 	if err != nil {
 		b.Fatal(err)

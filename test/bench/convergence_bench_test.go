@@ -194,7 +194,7 @@ func startNode(b *testing.B, u *underlay, name string, i int) (*convNode, error)
 		UplinkAddrs: []string{"10.254.0.1/24"},
 		Sysctls:     map[string]string{"net/ipv4/ip_forward": "1"},
 		PluginDirs:  []string{binDir},
-		Cluster:     clustertest.Cluster(),
+		Cluster:     clustertest.Cluster(b),
 	})
 	if err != nil {
 		return nil, err
@@ -567,7 +567,7 @@ func benchConvergence(b *testing.B, count, run int) {
 	samples := max(20, count)
 	ctx := context.Background()
 	start := time.Now()
-	ds, err := datastore.New(clustertest.Cluster().RESTConfig())
+	ds, err := datastore.New(clustertest.Cluster(b).RESTConfig())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -55,6 +55,7 @@ import (
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/plugin"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
@@ -108,14 +109,8 @@ func TestNPWorld(t *testing.T) {
 // drive are missing.
 func needPolicyTools(b *testing.B, extra ...string) {
 	b.Helper()
-	if os.Geteuid() != 0 {
-		b.Skip("SKIPPING: the NetworkPolicy benchmarks need root (network namespaces, iptables, ipset)")
-	}
-	for _, tool := range append([]string{"ipset", "iptables-restore"}, extra...) {
-		if _, err := exec.LookPath(tool); err != nil {
-			b.Skipf("SKIPPING: %s is not installed (make deps): %v", tool, err)
-		}
-	}
+	tier.Root(b, "the NetworkPolicy benchmarks make network namespaces, iptables rules and ipsets",
+		append([]string{"ipset", "iptables-restore"}, extra...)...)
 }
 
 // newNetNS makes a network namespace; close (also run at cleanup, once)
@@ -346,7 +341,7 @@ func BenchmarkNetpolRuleCount(b *testing.B) {
 func loadNPWorld(b *testing.B, w *npWorld) {
 	b.Helper()
 	ctx := context.Background()
-	cfg := rest.CopyConfig(clustertest.Config())
+	cfg := rest.CopyConfig(clustertest.Config(b))
 	cfg.QPS, cfg.Burst = 5000, 5000
 	ds, err := datastore.New(cfg)
 	if err != nil {
@@ -453,7 +448,7 @@ type runningController struct {
 // benchmark ends; then it removes what it programmed.
 func startController(b *testing.B, netns ns.NetNS) *runningController {
 	b.Helper()
-	cfg := clustertest.Config()
+	cfg := clustertest.Config(b)
 	ds, err := datastore.New(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -707,7 +702,7 @@ func BenchmarkNetpolLabelFlip(b *testing.B) {
 	}
 	remoteTo := maps.Clone(remote.Labels)
 	remoteTo["app"], remoteTo["tier"] = "app6", "db"
-	cfg := rest.CopyConfig(clustertest.Config())
+	cfg := rest.CopyConfig(clustertest.Config(b))
 	ds, err := datastore.New(cfg)
 	if err != nil {
 		b.Fatal(err)

@@ -46,11 +46,12 @@ type testNode struct {
 func newNode(t *testing.T) *testNode {
 	t.Helper()
 	name := fmt.Sprintf("e2e-node-%d", counter.Add(1))
+	c := clustertest.Cluster(t) // first: its setup sets cniBinDir and tabbydBin
 	n, err := testnet.NewNode(ctxT(t), testnet.NodeOptions{
 		Name:       name,
 		Dir:        t.TempDir(),
 		PluginDirs: []string{cniBinDir, testnet.ReferencePluginDir},
-		Cluster:    clustertest.Cluster(),
+		Cluster:    c,
 		Labels:     map[string]string{e2eNodeLabel: name},
 	})
 	if err != nil {

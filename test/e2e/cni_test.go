@@ -583,7 +583,7 @@ func TestCNIStatus(t *testing.T) {
 		t.Errorf("STATUS with IPv6 on and no IPv6 pool: %v", err)
 	}
 
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	c.StopAPIServer()
 	t.Cleanup(func() {
 		if err := c.StartAPIServer(context.Background()); err != nil {

@@ -112,7 +112,7 @@ func TestTabbydReadyzCostsNoAPICall(t *testing.T) {
 	defer hc.CloseIdleConnections()
 	waitReadyz(t, hc, http.StatusOK, "ok", 60*time.Second)
 	// Ready, and the heartbeat has gone out: the steady state.
-	leases, err := coordclient.NewForConfig(clustertest.Cluster().RESTConfig())
+	leases, err := coordclient.NewForConfig(clustertest.Cluster(t).RESTConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

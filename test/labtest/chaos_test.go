@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/ipam/gc"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -430,9 +431,7 @@ func sandboxFailures(t *testing.T, l *Lab, nodes []string, keep func(LogLine) bo
 // It takes about 3 minutes. With $TABBY_CHAOS_LOGS set, the lab's logs are
 // copied there at the end.
 func TestIPAMChaos(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIP: the chaos test needs root (network namespaces, a control plane)")
-	}
+	tier.Root(t, "the chaos test brings up a lab (network namespaces, a control plane)")
 	testStart := time.Now()
 	l := Up(t, "--nodes", "3",
 		"--tabbyd-arg=--ipam-gc-grace="+chaosGrace.String(),

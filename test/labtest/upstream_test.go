@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/lab"
 	"github.com/tabbynet/tabby/lab/labimage"
 )
@@ -70,6 +71,7 @@ func TestUpstreamE2E(t *testing.T) {
 			t.Fatalf("-upstream=%s: use ci, netpol, conformance, all, off or focus=REGEXP", mode)
 		}
 	}
+	tier.Root(t, "Kubernetes' e2e suites run against a lab")
 	ctx := context.Background()
 	e2e, err := E2ETest()
 	if err != nil {

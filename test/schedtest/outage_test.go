@@ -41,7 +41,7 @@ func TestExtenderOutage(t *testing.T) {
 		restarted = true
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := startExtender(ctx, clustertest.Cluster()); err != nil {
+		if err := startExtender(ctx, clustertest.Cluster(t)); err != nil {
 			t.Fatal(err)
 		}
 	}

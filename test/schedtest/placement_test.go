@@ -51,7 +51,7 @@ var fixtureOnce sync.Once
 // fixture creates the nodes, their heartbeats and the pools once.
 func fixture(t *testing.T) kubernetes.Interface {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(clustertest.Config())
+	cs, err := kubernetes.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestExtenderManifest(t *testing.T) {
 	dir := filepath.Join(root, "deploy", "scheduler")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cs, err := kubernetes.NewForConfig(clustertest.Config())
+	cs, err := kubernetes.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestExtenderManifest(t *testing.T) {
 		_ = cs.NetworkingV1().NetworkPolicies("tabby-system").Delete(context.Background(), "tabby-scheduler-extender", metav1.DeleteOptions{})
 	})
 	for _, f := range []string{"rbac.yaml", "extender.yaml", "extender-networkpolicy.yaml"} {
-		if err := controlplane.ApplyManifests(ctx, clustertest.Config(), filepath.Join(dir, f)); err != nil {
+		if err := controlplane.ApplyManifests(ctx, clustertest.Config(t), filepath.Join(dir, f)); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
 	}

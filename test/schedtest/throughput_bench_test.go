@@ -59,7 +59,7 @@ func benchFixture(b *testing.B, cs kubernetes.Interface) {
 		if err != nil {
 			return
 		}
-		_, err = clustertest.Cluster().StartScheduler(ctx, controlplane.SchedulerOptions{Name: plainScheduler, QPS: benchQPS,
+		_, err = clustertest.Cluster(b).StartScheduler(ctx, controlplane.SchedulerOptions{Name: plainScheduler, QPS: benchQPS,
 			Config: []byte("profiles:\n- schedulerName: " + plainScheduler + "\n")})
 	})
 	if err != nil {
@@ -100,7 +100,7 @@ func parallel(n int, f func(int) error, errp *error) {
 // default plugins and no extender. Half of the pods spread over zones
 // (ScheduleAnyway) so that both schedulers do real work.
 func BenchmarkSchedulingThroughput(b *testing.B) {
-	rc := rest.CopyConfig(clustertest.Config())
+	rc := rest.CopyConfig(clustertest.Config(b))
 	rc.QPS, rc.Burst = -1, 0
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {

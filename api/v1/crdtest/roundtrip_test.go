@@ -222,7 +222,7 @@ func TestRoundTrip(t *testing.T) {
 // TestDefaults: what the API server fills in when a field is left out.
 func TestDefaults(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
-	dyn, err := dynamic.NewForConfig(clustertest.Config())
+	dyn, err := dynamic.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}

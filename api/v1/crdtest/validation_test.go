@@ -423,7 +423,7 @@ func TestPoolLayoutFixedWhileBlocksExist(t *testing.T) {
 // otherwise) type-checks the policies' expressions against the CRD schemas
 // without warnings.
 func TestPoliciesTypeCheck(t *testing.T) {
-	c := clustertest.Cluster()
+	c := clustertest.Cluster(t)
 	kc := filepath.Join(t.TempDir(), "kcm.kubeconfig")
 	if err := c.WriteKubeconfig(kc, ""); err != nil {
 		t.Fatal(err)
@@ -438,7 +438,7 @@ func TestPoliciesTypeCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kcm.Stop(5 * time.Second)
-	cs, err := kubernetes.NewForConfig(clustertest.Config())
+	cs, err := kubernetes.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}

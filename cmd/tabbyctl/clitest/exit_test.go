@@ -50,7 +50,7 @@ func sampleStatus(ready bool) nodestatus.Status {
 func TestExitCodes(t *testing.T) {
 	fresh(t)
 	dead := filepath.Join(t.TempDir(), "dead.kubeconfig")
-	if err := clustertest.Cluster().WriteKubeconfig(dead, "https://"+closedPort(t)); err != nil {
+	if err := clustertest.Cluster(t).WriteKubeconfig(dead, "https://"+closedPort(t)); err != nil {
 		t.Fatal(err)
 	}
 	ready, notReady := tabbydStatus(t, sampleStatus(true)), tabbydStatus(t, sampleStatus(false))
@@ -94,7 +94,7 @@ func TestExitCodes(t *testing.T) {
 
 // TestHelpDocumentsExitCodes: the codes scripts rely on are in --help.
 func TestHelpDocumentsExitCodes(t *testing.T) {
-	r := run(t, env(t), tabbyctl, "--help")
+	r := run(t, env(t), program(t), "--help")
 	for _, want := range []string{"Exit codes", "0  success", "1  the command worked and found a problem", "2  the command could not do its work"} {
 		if r.code != 0 || !strings.Contains(r.stdout, want) {
 			t.Errorf("tabbyctl --help lacks %q:\n%s", want, r)

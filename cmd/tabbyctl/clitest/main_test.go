@@ -43,6 +43,17 @@ func TestMain(m *testing.M) {
 	})
 }
 
+// program is tabbyctl for the tests that need no control plane: from
+// $TABBY_BIN_DIR, or built, without starting one.
+func program(t *testing.T) string {
+	t.Helper()
+	bin, err := testnet.Binary(t.TempDir(), "tabbyctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
 type result struct {
 	stdout, stderr string
 	code           int

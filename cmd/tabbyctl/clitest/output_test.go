@@ -123,7 +123,8 @@ func TestReleaseFormats(t *testing.T) {
 // stdout, the warning on stderr) and is not in the help.
 func TestDeprecatedJSON(t *testing.T) {
 	endpoint := tabbydStatus(t, sampleStatus(true))
-	r := run(t, env(t), tabbyctl, "node", "status", "--endpoint", endpoint, "--json")
+	bin := program(t)
+	r := run(t, env(t), bin, "node", "status", "--endpoint", endpoint, "--json")
 	var st nodestatus.Status
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 || st.Node != "node1" {
 		t.Errorf("node status --json: %v\n%s", err, r)
@@ -131,7 +132,7 @@ func TestDeprecatedJSON(t *testing.T) {
 	if !strings.Contains(r.stderr, "--json has been deprecated, use -o json") {
 		t.Errorf("node status --json does not say it is deprecated:\n%s", r)
 	}
-	if h := run(t, env(t), tabbyctl, "node", "status", "--help"); strings.Contains(h.stdout, "--json") || !strings.Contains(h.stdout, "-o, --output") {
+	if h := run(t, env(t), bin, "node", "status", "--help"); strings.Contains(h.stdout, "--json") || !strings.Contains(h.stdout, "-o, --output") {
 		t.Errorf("node status --help:\n%s", h)
 	}
 }

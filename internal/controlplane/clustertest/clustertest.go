@@ -1,5 +1,5 @@
-// Package clustertest gives a test package one real control plane for all
-// its tests:
+// Package clustertest gives a test package one real control plane, started
+// for the first test that asks for it and shared by the rest:
 //
 //	func TestMain(m *testing.M) { clustertest.Main(m, nil) }
 //
@@ -8,11 +8,13 @@
 //		...
 //	}
 //
-// Main starts etcd and kube-apiserver (building them first if needed),
-// installs tabby's CRDs and admission policies, runs the tests and stops
-// everything. When the control plane cannot be had (no binaries and no way
-// to build them, not root) it fails the package with the reason: tests
-// that need it never pass silently.
+// Main only runs the tests and stops the control plane at the end, so the
+// package's pure tests run without root and without waiting for one. The
+// first Cluster, Config or Client starts etcd and kube-apiserver (building
+// them first if needed), installs tabby's CRDs and admission policies and
+// calls Main's setup. As non-root those calls skip the test loudly
+// (tier.Root); as root a control plane that cannot be had fails every test
+// that asks for it, with the reason: it never skips.
 //
 // Set TABBY_KEEP_CLUSTER=1 to keep the cluster's folder (logs, etcd data)
 // after the tests.
@@ -33,111 +35,135 @@ import (
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // EnvKeep keeps the cluster folder after the tests when set to a non-empty value.
 const EnvKeep = "TABBY_KEEP_CLUSTER"
 
+// The package's control plane: started at most once (the first attempt's
+// error is every later caller's error too), stopped by Main.
 var (
-	mu     sync.Mutex
-	shared *controlplane.Cluster
+	mu       sync.Mutex
+	inMain   bool
+	setupFn  func(*controlplane.Cluster) error
+	shared   *controlplane.Cluster
+	startErr error
+	tried    bool
 )
 
-// Main starts a control plane, installs the CRDs and policies, calls setup
-// (may be nil) with the cluster, runs the package's tests and stops the
-// control plane, then exits with the tests' status. Anything that goes
-// wrong before the tests run exits non-zero with the reason.
+// Main runs the package's tests and stops the control plane if one of
+// them started it, then exits with the tests' status. setup (may be nil)
+// runs once, right after the control plane starts.
 func Main(m *testing.M, setup func(*controlplane.Cluster) error) {
-	os.Exit(run(m, setup))
-}
-
-func run(m *testing.M, setup func(*controlplane.Cluster) error) int {
-	fail := func(format string, args ...any) int {
-		fmt.Fprintf(os.Stderr, "FAIL: clustertest: "+format+"\n", args...)
-		return 1
-	}
 	if !flag.Parsed() {
 		flag.Parse()
 	}
-	if os.Geteuid() != 0 {
-		return fail("these tests need root (network namespaces, a real control plane); run them as root, for example with sudo -E go test")
-	}
-	// A cold build of the control plane takes several minutes.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	start := time.Now()
-	c, err := controlplane.Start(ctx, controlplane.Options{KeepDir: os.Getenv(EnvKeep) != ""})
-	if err != nil {
-		return fail("starting the control plane: %v", err)
-	}
-	stopped := make(chan struct{})
-	defer func() {
-		c.Stop()
-		close(stopped)
-	}()
-	// Stop the control plane when the test binary is interrupted (the
-	// kernel kills the processes anyway, but the folder would stay).
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		select {
-		case s := <-sigs:
-			fmt.Fprintf(os.Stderr, "clustertest: %v: stopping the control plane\n", s)
-			c.Stop()
-			os.Exit(1)
-		case <-stopped:
-		}
-	}()
-	started := time.Now()
-	if err := c.InstallCRDs(ctx); err != nil {
-		return fail("installing tabby's CRDs and policies: %v", err)
-	}
-	installed := time.Now()
-	if setup != nil {
-		if err := setup(c); err != nil {
-			return fail("setting up: %v", err)
-		}
-	}
-	if testing.Verbose() {
-		fmt.Fprintf(os.Stderr, "clustertest: control plane at %s started in %v, CRDs and policies in %v (folder %s)\n",
-			c.Server, started.Sub(start).Round(time.Millisecond), installed.Sub(started).Round(time.Millisecond), c.Dir)
-	}
 	mu.Lock()
-	shared = c
+	inMain, setupFn = true, setup
 	mu.Unlock()
+	stopOnSignal()
 	code := m.Run()
 	mu.Lock()
+	c := shared
 	shared = nil
 	mu.Unlock()
-	if code != 0 {
-		if os.Getenv(EnvKeep) != "" {
-			fmt.Fprintf(os.Stderr, "clustertest: the control plane's logs are in %s\n", c.Dir)
-		} else {
-			fmt.Fprintf(os.Stderr, "clustertest: set %s=1 to keep the control plane's logs\n", EnvKeep)
+	if c != nil {
+		if code != 0 {
+			if os.Getenv(EnvKeep) != "" {
+				fmt.Fprintf(os.Stderr, "clustertest: the control plane's logs are in %s\n", c.Dir)
+			} else {
+				fmt.Fprintf(os.Stderr, "clustertest: set %s=1 to keep the control plane's logs\n", EnvKeep)
+			}
 		}
+		c.Stop()
 	}
-	return code
+	os.Exit(code)
 }
 
-// Cluster is the running control plane; it panics outside a test package
-// whose TestMain calls Main.
-func Cluster() *controlplane.Cluster {
+// stopOnSignal stops the control plane when the test binary is
+// interrupted (the kernel kills the processes anyway, but the folder
+// would stay).
+func stopOnSignal() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		mu.Lock()
+		c := shared
+		mu.Unlock()
+		if c != nil {
+			fmt.Fprintf(os.Stderr, "clustertest: %v: stopping the control plane\n", s)
+			c.Stop()
+		}
+		os.Exit(1)
+	}()
+}
+
+// Cluster is the package's control plane, started on the first call. As
+// non-root it skips tb; when the control plane cannot be started it fails
+// tb with the reason.
+func Cluster(tb testing.TB) *controlplane.Cluster {
+	tb.Helper()
+	tier.Root(tb, "a real control plane (etcd, kube-apiserver) and network namespaces")
 	mu.Lock()
 	defer mu.Unlock()
-	if shared == nil {
-		panic("clustertest.Cluster: no control plane; call clustertest.Main from TestMain")
+	if !inMain {
+		tb.Fatal("clustertest: no TestMain; add func TestMain(m *testing.M) { clustertest.Main(m, nil) } to the package")
+	}
+	if !tried {
+		tried = true
+		shared, startErr = start(setupFn)
+	}
+	if startErr != nil {
+		tb.Fatalf("clustertest: %v", startErr)
 	}
 	return shared
 }
 
-// Config is an admin client configuration for the running control plane.
-func Config() *rest.Config { return Cluster().RESTConfig() }
+// start starts a control plane, installs the CRDs and policies and calls
+// setup; on error nothing is left running.
+func start(setup func(*controlplane.Cluster) error) (_ *controlplane.Cluster, err error) {
+	// A cold build of the control plane takes several minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	begin := time.Now()
+	c, err := controlplane.Start(ctx, controlplane.Options{KeepDir: os.Getenv(EnvKeep) != ""})
+	if err != nil {
+		return nil, fmt.Errorf("starting the control plane: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	started := time.Now()
+	if err := c.InstallCRDs(ctx); err != nil {
+		return nil, fmt.Errorf("installing tabby's CRDs and policies: %w", err)
+	}
+	installed := time.Now()
+	if setup != nil {
+		if err := setup(c); err != nil {
+			return nil, fmt.Errorf("setting up: %w", err)
+		}
+	}
+	if testing.Verbose() {
+		fmt.Fprintf(os.Stderr, "clustertest: control plane at %s started in %v, CRDs and policies in %v (folder %s)\n",
+			c.Server, started.Sub(begin).Round(time.Millisecond), installed.Sub(started).Round(time.Millisecond), c.Dir)
+	}
+	return c, nil
+}
 
-// Client is a datastore client for the running control plane.
+// Config is an admin client configuration for the package's control plane.
+func Config(tb testing.TB) *rest.Config {
+	tb.Helper()
+	return Cluster(tb).RESTConfig()
+}
+
+// Client is a datastore client for the package's control plane.
 func Client(tb testing.TB) *datastore.Client {
 	tb.Helper()
-	ds, err := datastore.New(Config())
+	ds, err := datastore.New(Config(tb))
 	if err != nil {
 		tb.Fatalf("datastore client: %v", err)
 	}

@@ -428,7 +428,7 @@ func TestBadInput(t *testing.T) {
 	}
 	// An API server that does not answer.
 	dead := filepath.Join(t.TempDir(), "dead.kubeconfig")
-	if err := clustertest.Cluster().WriteKubeconfig(dead, "https://127.0.0.1:1"); err != nil {
+	if err := clustertest.Cluster(t).WriteKubeconfig(dead, "https://127.0.0.1:1"); err != nil {
 		t.Fatal(err)
 	}
 	if r := runWith(t, env(), "--kubeconfig", dead, "ipam", "check", "--timeout", "5s"); r.code != 2 || !strings.Contains(r.stderr, "cannot be reached") {

@@ -26,7 +26,7 @@ const hostname = "kubernetes.io/hostname"
 
 func clientset(t *testing.T) *kubernetes.Clientset {
 	t.Helper()
-	cs, err := kubernetes.NewForConfig(clustertest.Config())
+	cs, err := kubernetes.NewForConfig(clustertest.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}
