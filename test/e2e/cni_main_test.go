@@ -1,6 +1,7 @@
 // Package e2e holds tabby's end-to-end suites. They need root, network
-// namespaces and a real control plane (internal/controlplane), and fail with the
-// reason when they cannot have them.
+// namespaces and a real control plane (internal/controlplane): as non-root
+// they skip saying so; as root they fail with the reason when they cannot
+// have them.
 //
 // The CNI suites (cni*_test.go) build the plugins, then drive them through
 // libcni as a container runtime would: the runtime runs on a thread inside
