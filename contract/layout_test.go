@@ -134,9 +134,7 @@ func TestShippedProgramsLinkNoTestPackage(t *testing.T) {
 	}
 	sort.Strings(lines)
 	if len(lines) > 0 {
-		// Issue 14: another branch moves test/cluster and test/testnet out
-		// of lab/ and internal/demo; when it has merged, make this Errorf.
-		t.Skipf("shipped programs still link test machinery (issue 14, being moved out on another branch):\n  %s", strings.Join(lines, "\n  "))
+		t.Errorf("shipped programs link test machinery; move what they need under internal/:\n  %s", strings.Join(lines, "\n  "))
 	}
 }
 

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/test/testnet"
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // commandDurations reads tabbyd's CNI command histogram: count and sum by
