@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tabbynet/tabby/contract"
+	"github.com/tabbynet/tabby/internal/loop"
 )
 
 // Heartbeat timing: tabbyd renews its Lease as soon as it is ready and then
@@ -30,15 +31,15 @@ const (
 	HeartbeatRetryMin = time.Second
 )
 
-// retryDelay is how long the heartbeat waits after its failures-th failure
-// in a row (failures >= 1): HeartbeatRetryMin doubled per failure, capped
-// at HeartbeatInterval, then spread by jitter (in [-1, 1]) by up to 20%.
+// heartbeatBackoff is how long the heartbeat waits after failures in a
+// row: HeartbeatRetryMin doubled per failure, capped at HeartbeatInterval,
+// then spread by up to 20% either way.
+var heartbeatBackoff = loop.Backoff{Min: HeartbeatRetryMin, Max: HeartbeatInterval, Factor: 2, Jitter: 0.2}
+
+// retryDelay is the wait after the failures-th failure in a row
+// (failures >= 1), jitter in [-1, 1].
 func retryDelay(failures int, jitter float64) time.Duration {
-	d := HeartbeatInterval
-	if failures < 5 { // 1s << 4 = 16s is past the cap already
-		d = min(HeartbeatRetryMin<<max(failures-1, 0), HeartbeatInterval)
-	}
-	return d + time.Duration(float64(d)*0.2*jitter)
+	return heartbeatBackoff.Delay(failures, jitter)
 }
 
 // heartbeat renews the node's heartbeat Lease while tabbyd is ready, and
@@ -129,19 +130,14 @@ func newHeartbeat(rc *rest.Config, namespace, node string, ready func() error, l
 
 // run ticks until ctx ends. Readiness is checked every second, so the
 // first heartbeat goes out the moment tabbyd is ready (the extender places
-// no pod on the node before it); checking it costs no API call.
-func (h *heartbeat) run(ctx context.Context) {
-	h.tick(ctx, time.Now())
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			h.tick(ctx, now)
-		}
-	}
+// no pod on the node before it); checking it costs no API call. The
+// back-off after a failed renewal is tick's own (retryAt): the loop's
+// retry would not hold back the readiness checks, which renew when due.
+func (h *heartbeat) run(ctx context.Context) error {
+	return loop.New(loop.Config{
+		Pass:   func(ctx context.Context) error { h.tick(ctx, time.Now()); return nil },
+		Resync: time.Second,
+	}).Run(ctx)
 }
 
 func renewLease(ctx context.Context, leases coordclient.LeaseInterface, name, node string) error {

@@ -24,6 +24,7 @@ import (
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/daemon/routing"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/loop"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -71,20 +72,19 @@ type router struct {
 	vxlan   *tunnel
 	ipip    *tunnel
 	metrics *routingMetrics
-	dirty   chan struct{}
+	loop    *loop.Loop
 
 	// Owned by the loop goroutine.
-	addr4, addr6   netip.Prefix
-	speaker        *bgp.Speaker
-	speakerKey     string // AS, router ID and port the speaker runs with
-	firstStart     bool   // the speaker has not started yet
-	restarted      bool   // the previous run left routes in the kernel
-	kept           []routing.Route
-	holdUntil      time.Time
-	holding        bool
-	restartNote    string
-	lastProblems   string
-	lastRetryTimer *time.Timer
+	addr4, addr6 netip.Prefix
+	speaker      *bgp.Speaker
+	speakerKey   string // AS, router ID and port the speaker runs with
+	firstStart   bool   // the speaker has not started yet
+	restarted    bool   // the previous run left routes in the kernel
+	kept         []routing.Route
+	holdUntil    time.Time
+	holding      bool
+	restartNote  string
+	lastProblems string
 	// applied is the state the last Apply programmed without an error,
 	// at appliedAt (nil after a failure).
 	applied          *routing.State
@@ -117,9 +117,17 @@ func newRouter(cfg routerConfig) *router {
 		log:        cfg.Log.With("loop", "routing"),
 		applier:    routing.NewApplier(routing.Options{Log: cfg.Log.With("loop", "routing")}),
 		metrics:    cfg.Metrics,
-		dirty:      make(chan struct{}, 1),
 		firstStart: true,
 	}
+	// A reconcile that failed part-way runs again after retryAfter, however
+	// often it failed: the failures are on /readyz meanwhile.
+	r.loop = loop.New(loop.Config{
+		Pass:    r.reconcile,
+		MinGap:  minReconcileGap,
+		Resync:  cfg.Resync,
+		Backoff: loop.Backoff{Min: retryAfter, Max: retryAfter},
+		Wake:    r.speakerChanges,
+	})
 	m := ipam.New(cfg.DS, ipam.WithLogger(cfg.Log))
 	r.vxlan = &tunnel{kind: "vxlan", node: cfg.Node, m: m}
 	r.ipip = &tunnel{kind: "ipip", node: cfg.Node, m: m}
@@ -130,11 +138,15 @@ func newRouter(cfg routerConfig) *router {
 }
 
 // markDirty asks the loop for a reconcile.
-func (r *router) markDirty() {
-	select {
-	case r.dirty <- struct{}{}:
-	default:
+func (r *router) markDirty() { r.loop.Trigger() }
+
+// speakerChanges wakes the loop when BGP's table changes (nil before the
+// speaker runs).
+func (r *router) speakerChanges() <-chan struct{} {
+	if r.speaker == nil {
+		return nil
 	}
+	return r.speaker.Changes()
 }
 
 // run runs the loop until ctx ends. It returns only then: problems are
@@ -175,45 +187,7 @@ func (r *router) run(ctx context.Context) {
 		time.AfterFunc(r.cfg.StartupHold, r.markDirty) // the bound, should nothing else happen then
 		r.log.Info("restarting: the previous run's routes are kept until BGP has converged", "routes", len(kept), "atMost", r.cfg.StartupHold)
 	}
-	resync := time.NewTicker(r.cfg.Resync)
-	defer resync.Stop()
-	var last time.Time
-	r.markDirty()
-	for {
-		var changes <-chan struct{}
-		if r.speaker != nil {
-			changes = r.speaker.Changes()
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.dirty:
-		case <-changes:
-		case <-resync.C:
-		}
-		if wait := minReconcileGap - time.Since(last); wait > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-		}
-		// Drain what arrived meanwhile: this reconcile covers it.
-		select {
-		case <-r.dirty:
-		default:
-		}
-		last = time.Now()
-		r.reconcile(ctx)
-	}
-}
-
-// retrySoon schedules a reconcile after retryAfter.
-func (r *router) retrySoon() {
-	if r.lastRetryTimer != nil {
-		r.lastRetryTimer.Stop()
-	}
-	r.lastRetryTimer = time.AfterFunc(retryAfter, r.markDirty)
+	_ = r.loop.Run(ctx)
 }
 
 func (r *router) setNotReady(why ...string) {
@@ -223,8 +197,9 @@ func (r *router) setNotReady(why ...string) {
 }
 
 // reconcile computes everything from the caches and the speaker's table,
-// and converges the node's identity, the speaker and the kernel to it.
-func (r *router) reconcile(ctx context.Context) {
+// and converges the node's identity, the speaker and the kernel to it. Its
+// error asks the loop to retry.
+func (r *router) reconcile(ctx context.Context) error {
 	start := time.Now()
 	res := r.reconcileOnce(ctx)
 	d := time.Since(start)
@@ -232,7 +207,6 @@ func (r *router) reconcile(ctx context.Context) {
 	result := "ok"
 	if res.retry {
 		result = "error"
-		r.retrySoon()
 	}
 	r.metrics.reconciles.WithLabelValues(result).Inc()
 	if problems := strings.Join(res.problems, "\n"); problems != r.lastProblems {
@@ -241,7 +215,15 @@ func (r *router) reconcile(ctx context.Context) {
 		}
 		r.lastProblems = problems
 	}
+	if res.retry {
+		return errRetry
+	}
+	return nil
 }
+
+// errRetry is a reconcile that failed part-way (its problems are logged
+// and on /readyz already).
+var errRetry = errors.New("the reconcile failed part-way")
 
 // outcome is what one reconcile ran into.
 type outcome struct {

@@ -43,6 +43,7 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/loop"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
 )
@@ -125,12 +126,10 @@ type Controller struct {
 	met *metrics
 
 	pods, namespaces, policies, blocks cache.SharedIndexInformer
-	dirty                              chan struct{}
+	loop                               *loop.Loop
 
 	// Owned by the loop goroutine.
-	reported   map[string]string // "Kind namespace/name" -> problem reported
-	retryTimer *time.Timer
-	backoff    time.Duration
+	reported map[string]string // "Kind namespace/name" -> problem reported
 
 	mu sync.Mutex
 	// synced: the informers have synced; gen counts syncs started.
@@ -181,11 +180,19 @@ func New(cfg Config) (*Controller, error) {
 		cfg:      cfg,
 		log:      cfg.Log.With("loop", "policy"),
 		met:      newMetrics(),
-		dirty:    make(chan struct{}, 1),
 		reported: map[string]string{},
 		changed:  make(chan struct{}),
-		backoff:  retryMin,
 	}
+	// A failed sync is retried after a back-off that doubles from
+	// retryMin up to retryMax; a success resets it. The jumps are checked
+	// on the loop's goroutine, the one that programs the kernel.
+	c.loop = loop.New(loop.Config{
+		Pass:    c.sync,
+		MinGap:  cfg.MinSyncGap,
+		Resync:  cfg.Resync,
+		Backoff: loop.Backoff{Min: retryMin, Max: retryMax, Factor: 2},
+		Task:    loop.Task{Every: cfg.JumpCheck, Do: c.checkJumps},
+	})
 	if cfg.Metrics != nil {
 		c.met = cfg.Metrics.m
 	} else if cfg.Registerer != nil {
@@ -211,12 +218,7 @@ func informer[L runtime.Object](example runtime.Object, c datastore.ListWatcher[
 }
 
 // markDirty asks the loop for a sync.
-func (c *Controller) markDirty() {
-	select {
-	case c.dirty <- struct{}{}:
-	default:
-	}
-}
+func (c *Controller) markDirty() { c.loop.Trigger() }
 
 // Run syncs the informers, then runs the loop until ctx ends. It returns
 // an error only when the informers never synced; failed syncs are logged,
@@ -240,59 +242,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.synced = true
 	c.mu.Unlock()
 	c.log.Info("NetworkPolicy caches synced", "took", time.Since(start).Round(time.Millisecond).String())
-	resync := time.NewTicker(c.cfg.Resync)
-	defer resync.Stop()
-	jumps := time.NewTicker(c.cfg.JumpCheck)
-	defer jumps.Stop()
-	defer func() {
-		if c.retryTimer != nil {
-			c.retryTimer.Stop()
-		}
-	}()
-	var last time.Time
-	c.markDirty()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-c.dirty:
-		case <-resync.C:
-		case <-jumps.C:
-			c.checkJumps(ctx)
-			continue
-		}
-		if wait := c.cfg.MinSyncGap - time.Since(last); wait > 0 {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(wait):
-			}
-		}
-		// Drain what arrived meanwhile: this sync covers it.
-		select {
-		case <-c.dirty:
-		default:
-		}
-		last = time.Now()
-		if err := c.sync(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			c.retryLater()
-		} else {
-			c.backoff = retryMin
-		}
-	}
-}
-
-// retryLater schedules a sync after the back-off, which doubles up to
-// retryMax.
-func (c *Controller) retryLater() {
-	if c.retryTimer != nil {
-		c.retryTimer.Stop()
-	}
-	c.retryTimer = time.AfterFunc(c.backoff, c.markDirty)
-	c.backoff = min(2*c.backoff, retryMax)
+	return c.loop.Run(ctx)
 }
 
 func (c *Controller) checkJumps(ctx context.Context) {

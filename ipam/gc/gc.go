@@ -62,6 +62,7 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/loop"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -728,42 +729,49 @@ func (g *GC) Run(ctx context.Context) error {
 	g.seen = Seen{}
 	g.mu.Unlock()
 	g.log.Info("IPAM garbage collector running", "grace", g.cfg.Grace, "interval", g.cfg.Interval)
-	t := time.NewTicker(g.cfg.Interval)
-	defer t.Stop()
-	// early is a pass at the moment a candidate becomes due, so that it is
-	// released within a grace period, not a grace period and an interval.
-	early := time.NewTimer(time.Hour)
-	early.Stop()
-	defer early.Stop()
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, passTimeout)
-		res, err := g.pass(pctx, inf)
-		pcancel()
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err != nil:
-			g.log.Warn("IPAM garbage collection pass failed in part; the next pass retries", "error", err, "candidates", res.Candidates, "released", res.Released)
-		case res.acted():
-			g.log.Info("IPAM garbage collection pass", "candidates", res.Candidates, "due", res.Due, "released", res.Released,
-				"blocksDeleted", res.BlocksDeleted, "blocksUnaffined", res.BlocksUnaffined, "affinitiesRemoved", res.AffinitiesRemoved,
-				"affinitiesCreated", res.AffinitiesCreated, "handlesRemoved", res.HandlesRemoved)
-		default:
-			g.log.Debug("IPAM garbage collection pass", "candidates", res.Candidates, "due", res.Due)
+	// A pass runs every Interval, and early at the moment a candidate
+	// becomes due, so that it is released within a grace period, not a
+	// grace period and an interval. A failed pass is not retried sooner:
+	// the next one retries.
+	var early *time.Timer
+	defer func() {
+		if early != nil {
+			early.Stop()
 		}
-		early.Stop()
+	}()
+	var l *loop.Loop
+	l = loop.New(loop.Config{Resync: g.cfg.Interval, Pass: func(ctx context.Context) error {
+		res := g.runPass(ctx, inf)
+		if early != nil {
+			early.Stop()
+		}
 		if !res.NextDue.IsZero() {
 			if wait := time.Until(res.NextDue) + 10*time.Millisecond; wait < g.cfg.Interval {
-				early.Reset(max(wait, 10*time.Millisecond))
+				early = l.TriggerAfter(max(wait, 10*time.Millisecond))
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-early.C:
-		}
+		return nil
+	}})
+	return l.Run(ctx)
+}
+
+// runPass runs one pass of Run and logs what it did.
+func (g *GC) runPass(ctx context.Context, r reader) PassResult {
+	pctx, pcancel := context.WithTimeout(ctx, passTimeout)
+	res, err := g.pass(pctx, r)
+	pcancel()
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		g.log.Warn("IPAM garbage collection pass failed in part; the next pass retries", "error", err, "candidates", res.Candidates, "released", res.Released)
+	case res.acted():
+		g.log.Info("IPAM garbage collection pass", "candidates", res.Candidates, "due", res.Due, "released", res.Released,
+			"blocksDeleted", res.BlocksDeleted, "blocksUnaffined", res.BlocksUnaffined, "affinitiesRemoved", res.AffinitiesRemoved,
+			"affinitiesCreated", res.AffinitiesCreated, "handlesRemoved", res.HandlesRemoved)
+	default:
+		g.log.Debug("IPAM garbage collection pass", "candidates", res.Candidates, "due", res.Due)
 	}
+	return res
 }
 
 // wrapDS adds what to check when the API server is unreachable.
