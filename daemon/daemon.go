@@ -26,10 +26,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -37,6 +41,7 @@ import (
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/cniagent"
 	"github.com/tabbynet/tabby/daemon/cnitoken"
+	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/ipam/gc"
@@ -101,8 +106,9 @@ type Config struct {
 	Log             *slog.Logger
 }
 
-// Run runs the daemon until ctx ends.
-func Run(ctx context.Context, cfg Config) error {
+// Run runs the daemon until ctx ends. It returns once every goroutine it
+// started has stopped, with the errors of all of them.
+func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.NodeName == "" {
 		return errors.New("tabbyd needs a node name: pass --nodename")
 	}
@@ -142,19 +148,22 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("serving metrics: %w", err)
 		}
 	}
-	closeListeners := func() {
+	// From here on every goroutine runs in gs: whichever way Run returns,
+	// it stops them all and waits for them first.
+	ctx, stop := context.WithCancel(ctx)
+	gs := newGoroutines(ctx)
+	defer func() {
+		stop()
+		err = errors.Join(err, gs.Wait())
 		_ = ln.Close()
 		if mln != nil {
 			_ = mln.Close()
 		}
-	}
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
+	}()
 	// One iptables backend for routing (NAT outgoing) and NetworkPolicy.
 	var backend *iptbackend.Backend
 	if b, err := iptbackend.Detect(ctx, iptbackend.Options{Mode: cfg.IPTablesBackend}); err != nil {
 		if cfg.NetworkPolicy || cfg.IPTablesBackend != "" {
-			closeListeners()
 			return fmt.Errorf("finding the iptables backend: %w (install iptables, or pass --iptables-backend; NetworkPolicy needs it)", err)
 		}
 		cfg.Log.Warn("no iptables backend: NAT outgoing cannot be programmed", "error", err)
@@ -163,22 +172,18 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Log.Info("iptables backend", "mode", b.Mode, "reason", b.Reason)
 	}
 	if cfg.DefaultIPv4Pool != nil {
-		go ensureDefaultPool(ctx, ds, *cfg.DefaultIPv4Pool, cfg.Log)
+		gs.Go("default pool", func(ctx context.Context) error {
+			ensureDefaultPool(ctx, ds, *cfg.DefaultIPv4Pool, cfg.Log)
+			return nil
+		})
 	}
-	routes, routingDone := startRouting(ctx, cfg, ds, backend, met, mux)
-	policies, policyDone, err := startPolicy(ctx, cfg, rc, ds, backend, met)
+	routes := startRouting(gs, cfg, ds, backend, met, mux)
+	policies, err := startPolicy(gs, cfg, rc, ds, backend, met)
 	if err != nil {
-		stop()
-		<-routingDone
-		closeListeners()
 		return err
 	}
 	if cfg.CNIKubeconfig != "" {
-		if err := startCNIToken(ctx, cfg, rc); err != nil {
-			stop()
-			<-routingDone
-			<-policyDone
-			closeListeners()
+		if err := startCNIToken(gs, cfg, rc); err != nil {
 			return err
 		}
 	}
@@ -198,13 +203,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	}, cfg.Log)
 	if err != nil {
-		closeListeners()
-		stop()
-		<-routingDone
-		<-policyDone
 		return err
 	}
-	go hb.run(ctx)
+	gs.Go("heartbeat", hb.run)
 	// /readyz answers from state: the routing loop's (its caches synced,
 	// its last reconcile), the policy loop's, and whether the API server
 	// answered the last heartbeat. No probe costs an API call.
@@ -213,78 +214,123 @@ func Run(ctx context.Context, cfg Config) error {
 		{"networkpolicy", policyReady},
 		{"heartbeat", hb.apiError},
 	}
-	agentDone := make(chan struct{})
 	if cfg.CNISocket != "" {
-		// The agent paces itself (one assignment or release at a time on
-		// the node): a client-side rate limit would only queue a burst of
-		// pods behind it. The API server's priority and fairness still
-		// applies.
-		arc := rest.CopyConfig(rc)
-		arc.QPS = -1
-		ads, err := datastore.New(arc)
-		if err != nil {
-			closeListeners()
+		if err := startAgent(gs, cfg, rc, met, policies); err != nil {
 			return err
 		}
-		acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Metrics: met.agent}
-		if policies != nil {
-			acfg.Policy = policies
-		}
-		agent, err := cniagent.New(acfg)
-		if err != nil {
-			closeListeners()
-			return err
-		}
-		go func() {
-			defer close(agentDone)
-			// Without the agent the plugins reach the API server
-			// themselves: tabbyd keeps running.
-			if err := agent.Run(ctx); err != nil {
-				cfg.Log.Error("the CNI agent stopped; CNI plugins on this node reach the API server directly", "socket", cfg.CNISocket, "error", err)
-			}
-		}()
-	} else {
-		close(agentDone)
 	}
-	gcDone := make(chan struct{})
 	if cfg.IPAMGC {
-		if err := startIPAMGC(ctx, cfg, rc, ds, met, gcDone); err != nil {
-			closeListeners()
-			stop()
-			<-agentDone
-			<-routingDone
-			<-policyDone
+		if err := startIPAMGC(gs, cfg, rc, ds, met); err != nil {
 			return err
 		}
-	} else {
-		close(gcDone)
 	}
 	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String(), "metrics", cfg.MetricsListen, "cniSocket", cfg.CNISocket)
-	merr := make(chan error, 1)
 	if mln != nil {
-		go func() {
+		gs.Go("metrics server", func(ctx context.Context) error {
 			err := serveUntil(ctx, httpServer(metricsMux(reg)), mln)
 			if err != nil {
 				cfg.Log.Error("serving /metrics on --metrics-listen stopped", "address", cfg.MetricsListen, "error", err)
 			}
-			merr <- err
-		}()
-	} else {
-		merr <- nil
+			return err
+		})
 	}
-	err = serveUntil(ctx, httpServer(mux), ln)
-	stop()
-	<-agentDone
-	<-routingDone
-	<-policyDone
-	<-gcDone
-	err = errors.Join(err, <-merr)
-	return err
+	// The health server is tabbyd's life: when it stops, all stops.
+	return serveUntil(ctx, httpServer(mux), ln)
+}
+
+// startAgent serves the CNI plugins' IPAM on cfg.CNISocket until ctx ends.
+func startAgent(gs *goroutines, cfg Config, rc *rest.Config, met *Metrics, policies *netpol.Controller) error {
+	// The agent paces itself (one assignment or release at a time on
+	// the node): a client-side rate limit would only queue a burst of
+	// pods behind it. The API server's priority and fairness still
+	// applies.
+	arc := rest.CopyConfig(rc)
+	arc.QPS = -1
+	ads, err := datastore.New(arc)
+	if err != nil {
+		return err
+	}
+	acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Metrics: met.agent}
+	if policies != nil {
+		acfg.Policy = policies
+	}
+	agent, err := cniagent.New(acfg)
+	if err != nil {
+		return err
+	}
+	gs.Go("CNI agent", func(ctx context.Context) error {
+		// Without the agent the plugins reach the API server
+		// themselves: tabbyd keeps running.
+		err := agent.Run(ctx)
+		if err != nil {
+			cfg.Log.Error("the CNI agent stopped; CNI plugins on this node reach the API server directly", "socket", cfg.CNISocket, "error", err)
+		}
+		return err
+	})
+	return nil
+}
+
+// goroutines are the goroutines of one Run. Unlike a bare errgroup.Group,
+// whose Wait reports the first error, Wait reports every one (named); and
+// one goroutine's error stops no other: tabbyd keeps routing when its CNI
+// agent fails.
+type goroutines struct {
+	ctx context.Context
+	g   errgroup.Group
+
+	mu      sync.Mutex
+	errs    []error
+	running map[string]int // by name, for the tests
+}
+
+func newGoroutines(ctx context.Context) *goroutines {
+	gs := &goroutines{ctx: ctx, running: map[string]int{}}
+	if runStarted != nil {
+		runStarted(gs)
+	}
+	return gs
+}
+
+// runStarted, when set (by tests), is told of each Run's goroutines.
+var runStarted func(*goroutines)
+
+// Go runs f(ctx) in the group, as name.
+func (gs *goroutines) Go(name string, f func(context.Context) error) {
+	gs.mu.Lock()
+	gs.running[name]++
+	gs.mu.Unlock()
+	gs.g.Go(func() error {
+		err := f(gs.ctx)
+		gs.mu.Lock()
+		defer gs.mu.Unlock()
+		if gs.running[name]--; gs.running[name] == 0 {
+			delete(gs.running, name)
+		}
+		if err != nil {
+			gs.errs = append(gs.errs, fmt.Errorf("%s: %w", name, err))
+		}
+		return nil
+	})
+}
+
+// Wait waits for every goroutine and returns all their errors.
+func (gs *goroutines) Wait() error {
+	_ = gs.g.Wait()
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	return errors.Join(gs.errs...)
+}
+
+// Running names the goroutines that have not returned.
+func (gs *goroutines) Running() []string {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	return slices.Sorted(maps.Keys(gs.running))
 }
 
 // startIPAMGC runs the IPAM garbage collector's election (and the
-// collector while elected) until ctx ends, then closes done.
-func startIPAMGC(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, met *Metrics, done chan struct{}) error {
+// collector while elected) until ctx ends.
+func startIPAMGC(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Client, met *Metrics) error {
 	log := cfg.Log.With("component", "ipam-gc")
 	collector, err := gc.New(gc.Config{DS: ds, Grace: cfg.IPAMGCGrace, Interval: cfg.IPAMGCInterval, Log: log, Metrics: met.gc})
 	if err != nil {
@@ -298,18 +344,19 @@ func startIPAMGC(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore
 	if ns == "" {
 		ns = DefaultNamespace
 	}
-	go func() {
-		defer close(done)
-		if err := collector.RunElected(ctx, gc.Election{Leases: leases, Namespace: ns, Identity: cfg.NodeName}); err != nil {
+	gs.Go("IPAM GC", func(ctx context.Context) error {
+		err := collector.RunElected(ctx, gc.Election{Leases: leases, Namespace: ns, Identity: cfg.NodeName})
+		if err != nil {
 			log.Error("the IPAM garbage collector's election stopped", "error", err)
 		}
-	}()
+		return err
+	})
 	return nil
 }
 
 // startCNIToken keeps the CNI plugin's kubeconfig carrying a valid token
 // until ctx ends.
-func startCNIToken(ctx context.Context, cfg Config, rc *rest.Config) error {
+func startCNIToken(gs *goroutines, cfg Config, rc *rest.Config) error {
 	cs, err := corev1client.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("building the client that mints the CNI plugin's token: %w", err)
@@ -329,6 +376,6 @@ func startCNIToken(ctx context.Context, cfg Config, rc *rest.Config) error {
 	if r.Lifetime != 0 && r.Lifetime < cnitoken.MinLifetime {
 		return fmt.Errorf("--cni-token-lifetime %v is below the API server's minimum of %v", r.Lifetime, cnitoken.MinLifetime)
 	}
-	go r.Run(ctx)
+	gs.Go("CNI token", func(ctx context.Context) error { r.Run(ctx); return nil })
 	return nil
 }

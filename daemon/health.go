@@ -92,13 +92,18 @@ func listenHTTP(addr, flag string) (net.Listener, error) {
 
 // serveUntil serves srv on ln until ctx ends, then shuts it down.
 func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
-	go func() {
-		<-ctx.Done()
+	shut := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(shut)
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
-	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	})
+	err := srv.Serve(ln)
+	if !stop() {
+		<-shut // the shutdown began: let it finish the requests in flight
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

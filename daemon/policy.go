@@ -19,23 +19,19 @@ import (
 // ends; the rules stay in the kernel when tabbyd stops, so pods stay
 // protected across restarts. With cfg.NetworkPolicy off it removes instead
 // what an earlier run programmed, and returns a nil controller.
-func startPolicy(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics) (*netpol.Controller, <-chan struct{}, error) {
+func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics) (*netpol.Controller, error) {
 	log := cfg.Log.With("loop", "policy")
-	done := make(chan struct{})
 	if !cfg.NetworkPolicy {
-		go func() {
-			defer close(done)
-			cleanupPolicy(ctx, backend, log)
-		}()
-		return nil, done, nil
+		gs.Go("policy cleanup", func(ctx context.Context) error { cleanupPolicy(ctx, backend, log); return nil })
+		return nil, nil
 	}
 	a, err := apply.New(apply.Options{Backend: backend, Logger: log})
 	if err != nil {
-		return nil, nil, fmt.Errorf("NetworkPolicy: %w (or run tabbyd with --network-policy=false)", err)
+		return nil, fmt.Errorf("NetworkPolicy: %w (or run tabbyd with --network-policy=false)", err)
 	}
 	pc, err := netpol.NewPolicyClient(rc, metav1.NamespaceAll)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName)
 	c, err := netpol.New(netpol.Config{
@@ -53,16 +49,17 @@ func startPolicy(ctx context.Context, cfg Config, rc *rest.Config, ds *datastore
 	})
 	if err != nil {
 		stopEvents()
-		return nil, nil, err
+		return nil, err
 	}
-	go func() {
-		defer close(done)
+	gs.Go("policy", func(ctx context.Context) error {
 		defer stopEvents()
-		if err := c.Run(ctx); err != nil {
+		err := c.Run(ctx)
+		if err != nil {
 			log.Error("the NetworkPolicy loop stopped", "error", err)
 		}
-	}()
-	return c, done, nil
+		return err
+	})
+	return c, nil
 }
 
 // cleanupPolicy removes the chains, jumps and ipsets of tabby's

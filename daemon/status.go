@@ -13,7 +13,7 @@ import (
 
 // startRouting starts the routing loop of cfg's node (until ctx ends) and
 // serves its status as JSON on GET /status of mux. /readyz asks its Ready.
-func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) (*router, <-chan struct{}) {
+func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) *router {
 	r := newRouter(routerConfig{
 		Node:        cfg.NodeName,
 		NodeIP:      cfg.NodeIP,
@@ -36,10 +36,6 @@ func startRouting(ctx context.Context, cfg Config, ds *datastore.Client, backend
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(st)
 	})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		r.run(ctx)
-	}()
-	return r, done
+	gs.Go("routing", func(ctx context.Context) error { r.run(ctx); return nil })
+	return r
 }
