@@ -20,22 +20,30 @@ func (c *compiler) selectLocal() {
 			for _, ep := range g.eps {
 				if p.ingress {
 					ep.in = append(ep.in, p)
-					p.used[0] = true
+					p.used[dirIngress] = true
 				}
 				if p.egress {
 					ep.eg = append(ep.eg, p)
-					p.used[1] = true
+					p.used[dirEgress] = true
 				}
 			}
 		}
 	}
 }
 
-func (p *cpolicy) chain(dir int) string {
-	if dir == 0 {
+func (p *cpolicy) chain(dir direction) string {
+	if dir == dirIngress {
 		return chainName(kindPolicyIngress, p.key)
 	}
 	return chainName(kindPolicyEgress, p.key)
+}
+
+// rulesOf are the policy's valid rules in dir.
+func (p *cpolicy) rulesOf(dir direction) []*crule {
+	if dir == dirEgress {
+		return p.eg
+	}
+	return p.in
 }
 
 // signature is one distinct combination of policies selecting local pods
@@ -43,14 +51,14 @@ func (p *cpolicy) chain(dir int) string {
 type signature struct {
 	name string // the chain
 	hash string // the hash in its name, which the set's name repeats
-	dir  int    // 0 ingress, 1 egress
+	dir  direction
 	pols []*cpolicy
 	eps  []*endpoint // the local pods it selects, sorted
 }
 
 // setName is the name of the signature's dispatch set in one family.
 func (s *signature) setName(fam int) string {
-	if s.dir == 1 {
+	if s.dir == dirEgress {
 		return hashedSetName(setKindEgress, fam, s.hash)
 	}
 	return hashedSetName(setKindIngress, fam, s.hash)
@@ -63,13 +71,13 @@ func (c *compiler) emit() *Ruleset {
 		dev = DeviceIfacePrefix + "+"
 	}
 	sigs := map[string]*signature{}
-	sigOf := func(dir int, pols []*cpolicy) *signature {
+	sigOf := func(dir direction, pols []*cpolicy) *signature {
 		keys := make([]string, len(pols))
 		for i, p := range pols {
 			keys[i] = p.key
 		}
 		kind := kindPodIngress
-		if dir == 1 {
+		if dir == dirEgress {
 			kind = kindPodEgress
 		}
 		h := hash(keys...)
@@ -83,11 +91,11 @@ func (c *compiler) emit() *Ruleset {
 	}
 	for _, ep := range c.locals {
 		if len(ep.eg) > 0 {
-			s := sigOf(1, ep.eg)
+			s := sigOf(dirEgress, ep.eg)
 			s.eps = append(s.eps, ep)
 		}
 		if len(ep.in) > 0 {
-			s := sigOf(0, ep.in)
+			s := sigOf(dirIngress, ep.in)
 			s.eps = append(s.eps, ep)
 		}
 		c.rs.Programmed = append(c.rs.Programmed, ep.key)
@@ -137,7 +145,7 @@ func (c *compiler) emit() *Ruleset {
 			s := sigs[n]
 			set := s.setName(fam)
 			c.addIfaceSet(set, fam, s.eps)
-			if s.dir == 1 {
+			if s.dir == dirEgress {
 				from = append(from, []string{"-m", "set", "--match-set", set, "src,src", "-g", s.name})
 			} else {
 				to = append(to, []string{"-m", "set", "--match-set", set, "dst,dst", "-g", s.name})
@@ -180,7 +188,7 @@ func (c *compiler) emit() *Ruleset {
 			add(n, rules)
 		}
 		for _, p := range c.policies {
-			for dir := range p.used {
+			for _, dir := range allDirections {
 				if p.used[dir] {
 					add(p.chain(dir), p.rules[dir][fam])
 				}
@@ -239,9 +247,9 @@ func cat(parts ...[]string) []string {
 
 var markRule = []string{"-j", "MARK", "--set-xmark", markSet}
 
-// policyRules are the rules of one policy chain in one family; dir is
-// "src" (ingress: the peer is the source) or "dst" (egress).
-func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
+// policyRules are the rules of one policy chain in one family and
+// direction (which says whether the peer is the source or destination).
+func (c *compiler) policyRules(rules []*crule, dir direction, fam int) [][]string {
 	out := [][]string{}
 	for _, r := range rules {
 		var peers [][]string
@@ -249,16 +257,16 @@ func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
 			peers = [][]string{nil}
 		} else {
 			for i := range r.podGroups {
-				peers = append(peers, []string{"-m", "set", "--match-set", c.podSet(&r.podGroups[i], fam), dir})
+				peers = append(peers, []string{"-m", "set", "--match-set", c.podSet(&r.podGroups[i], fam), dir.peerMatch()})
 			}
 			if nets := c.ruleNets(r); len(nets[fam]) > 0 {
-				peers = append(peers, []string{"-m", "set", "--match-set", c.netSet(nets[fam], fam), dir})
+				peers = append(peers, []string{"-m", "set", "--match-set", c.netSet(nets[fam], fam), dir.peerMatch()})
 			}
 		}
 		if len(peers) == 0 {
 			continue // every peer is of the other family
 		}
-		for _, pm := range c.portMatches(r, fam, dir == "src") {
+		for _, pm := range c.portMatches(r, fam, dir == dirIngress) {
 			for _, pe := range peers {
 				out = append(out, cat(pm, pe, markRule))
 			}
@@ -273,7 +281,7 @@ func (c *compiler) policyRules(rules []*crule, dir string, fam int) [][]string {
 // policy is reported and its chains are empty, so it isolates its pods
 // and allows them nothing (fail closed), and its sets are not made.
 func (c *compiler) policyChains(p *cpolicy) {
-	if !p.used[0] && !p.used[1] {
+	if !p.used[dirIngress] && !p.used[dirEgress] {
 		return
 	}
 	c.cur = map[string]*Set{}
@@ -281,9 +289,9 @@ func (c *compiler) policyChains(p *cpolicy) {
 	rules := 0
 	for fam := range families {
 		n := 0
-		for dir, rs := range [2][]*crule{p.in, p.eg} {
+		for _, dir := range allDirections {
 			if p.used[dir] {
-				p.rules[dir][fam] = c.policyRules(rs, [2]string{"src", "dst"}[dir], fam)
+				p.rules[dir][fam] = c.policyRules(p.rulesOf(dir), dir, fam)
 				n += len(p.rules[dir][fam])
 			}
 		}

@@ -20,11 +20,34 @@ type cpolicy struct {
 	sel           labels.Selector
 	ingress       bool
 	egress        bool
-	in, eg        []*crule // the valid rules of the directions in effect
-	used          [2]bool  // selects a local pod in ingress, egress
-	// rules are the rules of its chains by direction (0 ingress, 1
-	// egress) and family; none when it is over the limits.
-	rules [2][2][][]string
+	in, eg        []*crule         // the valid rules of the directions in effect
+	used          [directions]bool // selects a local pod, by direction
+	// rules are the rules of its chains by direction and family; none
+	// when it is over the limits.
+	rules [directions][2][][]string
+}
+
+// direction is the direction of traffic a policy chain or a dispatch
+// signature is about, from the selected pod's side; it indexes the
+// per-direction arrays.
+type direction int
+
+const (
+	dirIngress direction = iota
+	dirEgress
+	directions = 2 // how many there are, for arrays
+)
+
+// allDirections are the directions in the order chains are emitted.
+var allDirections = [directions]direction{dirIngress, dirEgress}
+
+// peerMatch is the ipset match flag of the peer's address in this
+// direction: the source of ingress traffic, the destination of egress.
+func (d direction) peerMatch() string {
+	if d == dirEgress {
+		return "dst"
+	}
+	return "src"
 }
 
 // crule is one ingress or egress rule.
