@@ -98,7 +98,7 @@ func (a Allocation) PodKey() (PodKey, bool) {
 // key identifies the allocation across passes: a release that finds the
 // address reallocated (another handle or sequence number) is refused.
 func (a Allocation) key() string {
-	return "a/" + a.Block + "/" + strconv.Itoa(a.Ordinal) + "/" + a.Attr.HandleID + "/" + strconv.FormatUint(a.Sequence, 10)
+	return seenAllocation.key(a.Block, strconv.Itoa(a.Ordinal), a.Attr.HandleID, strconv.FormatUint(a.Sequence, 10))
 }
 
 // blockNode is the node a block is affine to ("" for none or another form).
@@ -330,6 +330,26 @@ type Plan struct {
 // forgotten, so a candidate must stay one through the whole grace period.
 type Seen map[string]time.Time
 
+// seenKind is what a key of Seen tracks: each kind of candidate is
+// tracked apart, so an object that becomes a candidate for another reason
+// (an empty block whose node then goes) waits a grace period anew.
+type seenKind string
+
+const (
+	seenAllocation      seenKind = "a"  // an allocation (block, ordinal, handle, sequence)
+	seenBlockNodeGone   seenKind = "bg" // a block whose node is gone
+	seenBlockEmpty      seenKind = "be" // an empty block
+	seenAffinityOrphan  seenKind = "af" // an affinity record without its block
+	seenAffinityMissing seenKind = "am" // a block without its affinity record
+	seenHandle          seenKind = "h"  // a handle no allocation refers to
+)
+
+// key is the key of Seen of this kind's candidate named by parts (its
+// name and UID, which a re-created object does not share).
+func (k seenKind) key(parts ...string) string {
+	return strings.Join(append([]string{string(k)}, parts...), "/")
+}
+
 // Compute works out the candidates of one pass and which are due. Nothing
 // is due before it has been a candidate for grace in this collector's own
 // memory (seen), so a collector that just started, or just became leader,
@@ -410,12 +430,12 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 		}
 		switch {
 		case node != "" && !nodeExists(node):
-			since := track("bg/" + b.Name + "/" + string(b.UID))
+			since := track(seenBlockNodeGone.key(b.Name, string(b.UID)))
 			plan.Blocks = append(plan.Blocks, BlockAction{Block: b, Kind: BlockNodeGone, Node: node, Pool: pool, Since: since, Due: old(since)})
 		case b.Spec.Affinity != "" && node == "":
 			// An affinity tabby does not write: not ours to judge.
 		case len(allocs[b.Name]) == 0 && blockOK(b):
-			since := track("be/" + b.Name + "/" + string(b.UID))
+			since := track(seenBlockEmpty.key(b.Name, string(b.UID)))
 			empties = append(empties, BlockAction{Block: b, Kind: BlockEmpty, Node: node, Pool: pool, Since: since, Due: old(since, b.CreationTimestamp.Time)})
 		}
 	}
@@ -453,7 +473,7 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 		if b != nil && blockNode(b) == a.Spec.Node {
 			continue // in order, or freed with its block when the node is gone
 		}
-		since := track("af/" + a.Name + "/" + string(a.UID))
+		since := track(seenAffinityOrphan.key(a.Name, string(a.UID)))
 		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityOrphan, Affinity: a, Node: a.Spec.Node, CIDR: a.Spec.CIDR,
 			Since: since, Due: old(since, a.CreationTimestamp.Time)})
 	}
@@ -462,7 +482,7 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 		if node == "" || !nodeExists(node) || recorded[nodeCIDR{node, canonCIDR(b.Spec.CIDR)}] {
 			continue
 		}
-		since := track("am/" + b.Name + "/" + string(b.UID))
+		since := track(seenAffinityMissing.key(b.Name, string(b.UID)))
 		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityMissing, Block: b, Node: node, CIDR: b.Spec.CIDR,
 			Since: since, Due: old(since, b.CreationTimestamp.Time)})
 	}
@@ -474,7 +494,7 @@ func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, 
 		if held[h.Spec.HandleID] {
 			continue
 		}
-		since := track("h/" + h.Name + "/" + string(h.UID))
+		since := track(seenHandle.key(h.Name, string(h.UID)))
 		plan.Handles = append(plan.Handles, HandleAction{Handle: h, Since: since, Due: old(since, h.CreationTimestamp.Time)})
 	}
 	return plan, next

@@ -488,3 +488,20 @@ func TestComputeNextDue(t *testing.T) {
 		t.Errorf("at t0+grace it is due and nothing waits: %+v", p)
 	}
 }
+
+// TestSeenKeys: the keys a collector remembers candidates by keep their
+// form (kind/name/uid), and differ by kind for the same object.
+func TestSeenKeys(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{seenBlockNodeGone.key("b1", "u1"), "bg/b1/u1"},
+		{seenBlockEmpty.key("b1", "u1"), "be/b1/u1"},
+		{seenAffinityOrphan.key("n1-10-0-0-0-26", "u2"), "af/n1-10-0-0-0-26/u2"},
+		{seenAffinityMissing.key("b1", "u1"), "am/b1/u1"},
+		{seenHandle.key("h1", "u3"), "h/h1/u3"},
+		{Allocation{Block: "b1", Ordinal: 3, Sequence: 7, Attr: tabbyv1.AllocationAttribute{HandleID: "k8s-pod-network.x"}}.key(), "a/b1/3/k8s-pod-network.x/7"},
+	} {
+		if c.got != c.want {
+			t.Errorf("key %q, want %q", c.got, c.want)
+		}
+	}
+}
