@@ -236,58 +236,97 @@ func (o *outcome) problem(retry bool, format string, args ...any) {
 	o.retry = o.retry || retry
 }
 
-func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
+// pass is one reconcile's inputs and what its steps computed, handed from
+// step to step.
+type pass struct {
+	snap     snapshot
+	self     *corev1.Node
+	out      outcome
+	notReady []string
+
+	info    routing.NodeInfo // 1: this node's routing identity
+	selfBGP bgp.Node         // 2: this node as BGP sees it
+	as      uint32
+	nodes   []bgp.Node         // 3: the other nodes
+	peers   []routing.NodeInfo // their routing identities
+	desired []bgp.Peer         // the sessions
+	filters *bgp.Filters       // the route filters
+	adverts []bgp.Route        // 4: what this node advertises
+	learned []bgp.LearnedRoute // 5: what BGP learned
+	states  []bgp.PeerState    // the sessions' states
+	stale   int                // learned routes kept stale by graceful restart
+	state   routing.State      // what the kernel gets
+	nKept   int                // routes of the previous run still kept
+	restart string             // the restart's note
+}
+
+func (r *router) reconcileOnce(ctx context.Context) outcome {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	snap := r.caches.snapshot()
-	self := snap.node(r.cfg.Node)
-	if self == nil {
+	p := &pass{snap: r.caches.snapshot()}
+	p.self = p.snap.node(r.cfg.Node)
+	if p.self == nil {
 		why := fmt.Sprintf("the Node %s does not exist (yet): the kubelet registers it", r.cfg.Node)
 		r.setNotReady(why)
-		out.problem(true, "%s", why)
-		return out
+		p.out.problem(true, "%s", why)
+		return p.out
 	}
-	var notReady []string
-
-	// 1. The node's routing identity, published in its annotations.
-	info := r.identity(ctx, &snap, self, &out)
-	if changed, err := publish(ctx, r.cfg.DS, self, info); err != nil {
-		out.problem(true, "%v", err)
-		notReady = append(notReady, err.Error())
-	} else if changed {
-		r.log.Info("published this node's routing identity", "annotations", info.Annotations())
-	}
-
-	// 2. The speaker, with this node's AS and router ID.
-	settings := bgp.SettingsOf(snap.config)
-	selfBGP := bgpNode(self, &out)
-	selfBGP.IPv4, selfBGP.IPv6 = r.addr4, r.addr6
-	as := settings.AS
-	if selfBGP.AS != 0 {
-		as = selfBGP.AS
-	}
-	if err := r.ensureSpeaker(ctx, as, bgp.RouterID(selfBGP), settings.ListenPort); err != nil {
-		out.problem(true, "%v", err)
+	r.publishIdentity(ctx, p)
+	if err := r.startSpeaker(ctx, p); err != nil {
+		p.out.problem(true, "%v", err)
 		r.setNotReady(err.Error())
-		return out
+		return p.out
 	}
+	r.configureSessions(ctx, p)
+	r.advertise(ctx, p)
+	r.programKernel(ctx, p)
+	r.report(p)
+	return p.out
+}
 
-	// 3. Sessions.
-	nodes := make([]bgp.Node, 0, len(snap.nodes))
-	peerInfos := make([]routing.NodeInfo, 0, len(snap.nodes))
+// publishIdentity is step 1: the node's routing identity, published in
+// its annotations.
+func (r *router) publishIdentity(ctx context.Context, p *pass) {
+	p.info = r.identity(ctx, &p.snap, p.self, &p.out)
+	if changed, err := publish(ctx, r.cfg.DS, p.self, p.info); err != nil {
+		p.out.problem(true, "%v", err)
+		p.notReady = append(p.notReady, err.Error())
+	} else if changed {
+		r.log.Info("published this node's routing identity", "annotations", p.info.Annotations())
+	}
+}
+
+// startSpeaker is step 2: the speaker, with this node's AS and router ID.
+func (r *router) startSpeaker(ctx context.Context, p *pass) error {
+	settings := bgp.SettingsOf(p.snap.config)
+	p.selfBGP = bgpNode(p.self, &p.out)
+	p.selfBGP.IPv4, p.selfBGP.IPv6 = r.addr4, r.addr6
+	p.as = settings.AS
+	if p.selfBGP.AS != 0 {
+		p.as = p.selfBGP.AS
+	}
+	return r.ensureSpeaker(ctx, p.as, bgp.RouterID(p.selfBGP), settings.ListenPort)
+}
+
+// configureSessions is step 3: the sessions, their passwords and the
+// route filters.
+func (r *router) configureSessions(ctx context.Context, p *pass) {
+	snap, out := &p.snap, &p.out
+	p.nodes = make([]bgp.Node, 0, len(snap.nodes))
+	p.peers = make([]routing.NodeInfo, 0, len(snap.nodes))
 	for i := range snap.nodes {
 		n := &snap.nodes[i]
 		if n.Name == r.cfg.Node {
 			continue
 		}
-		nodes = append(nodes, bgpNode(n, &out))
+		p.nodes = append(p.nodes, bgpNode(n, out))
 		ni, err := routing.NodeInfoFromAnnotations(n.Name, n.Annotations)
 		if err != nil {
 			out.problem(false, "%v", err)
 		}
-		peerInfos = append(peerInfos, ni)
+		p.peers = append(p.peers, ni)
 	}
-	in := bgp.Inputs{Self: selfBGP, Nodes: nodes, Config: snap.config, BGPPeers: snap.peers, Passwords: map[string]string{}}
+	in := bgp.Inputs{Self: p.selfBGP, Nodes: p.nodes, Config: snap.config, BGPPeers: snap.peers}
 	if ref := snap.config.NodeMeshPassword; ref != nil {
 		pw, err := r.secret(ctx, ref)
 		if err != nil {
@@ -295,6 +334,28 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 		}
 		in.MeshPassword = pw
 	}
+	in.Passwords = r.passwords(ctx, snap, out)
+	var errs []error
+	p.desired, errs = bgp.DesiredPeers(in)
+	for _, err := range errs {
+		out.problem(false, "%v", err)
+	}
+	p.filters, errs = bgp.NewFilters(bgp.FilterInputs{Nodes: append([]bgp.Node{p.selfBGP}, p.nodes...), Pools: snap.pools,
+		Blocks: snap.blocks, Config: snap.config, BGPPeers: snap.peers, BGPFilters: snap.filters})
+	for _, err := range errs {
+		out.problem(false, "%v", err)
+	}
+	if err := r.speaker.SetFilters(ctx, p.filters); err != nil {
+		out.problem(true, "applying the BGP route filters: %v", err)
+	}
+	if err := r.speaker.SetPeers(ctx, p.desired); err != nil {
+		out.problem(true, "configuring BGP sessions: %v", err)
+	}
+}
+
+// passwords reads the BGPPeers' passwords, by BGPPeer name.
+func (r *router) passwords(ctx context.Context, snap *snapshot, out *outcome) map[string]string {
+	pws := map[string]string{}
 	for _, bp := range snap.peers {
 		if bp.Spec.Password == nil {
 			continue
@@ -304,55 +365,66 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 			out.problem(true, "the password of BGPPeer %s: %v", bp.Name, err)
 			continue
 		}
-		in.Passwords[bp.Name] = pw
+		pws[bp.Name] = pw
 	}
-	desired, errs := bgp.DesiredPeers(in)
-	for _, err := range errs {
-		out.problem(false, "%v", err)
-	}
-	filters, errs := bgp.NewFilters(bgp.FilterInputs{Nodes: append([]bgp.Node{selfBGP}, nodes...), Pools: snap.pools,
-		Blocks: snap.blocks, Config: snap.config, BGPPeers: snap.peers, BGPFilters: snap.filters})
-	for _, err := range errs {
-		out.problem(false, "%v", err)
-	}
-	if err := r.speaker.SetFilters(ctx, filters); err != nil {
-		out.problem(true, "applying the BGP route filters: %v", err)
-	}
-	if err := r.speaker.SetPeers(ctx, desired); err != nil {
-		out.problem(true, "configuring BGP sessions: %v", err)
-	}
+	return pws
+}
 
-	// 4. Advertisements.
+// advertise is step 4: the advertisements.
+func (r *router) advertise(ctx context.Context, p *pass) {
 	adverts, errs := bgp.Advertisements(bgp.AdvertInputs{Node: r.cfg.Node, IPv4: r.addr4.Addr(), IPv6: r.addr6.Addr(),
-		Pools: snap.pools, Blocks: snap.blocks, Config: snap.config})
+		Pools: p.snap.pools, Blocks: p.snap.blocks, Config: p.snap.config})
 	for _, err := range errs {
-		out.problem(false, "%v", err)
+		p.out.problem(false, "%v", err)
 	}
-	routes := make([]bgp.Route, 0, len(adverts))
+	p.adverts = make([]bgp.Route, 0, len(adverts))
 	for _, a := range adverts {
-		routes = append(routes, a.Route)
+		p.adverts = append(p.adverts, a.Route)
 	}
-	if err := r.speaker.SetAdvertisements(ctx, routes); err != nil {
-		out.problem(true, "advertising routes: %v", err)
+	if err := r.speaker.SetAdvertisements(ctx, p.adverts); err != nil {
+		p.out.problem(true, "advertising routes: %v", err)
 	}
+}
 
-	// 5. Routes: what BGP learned, through routing.Desired, into the kernel.
-	learned, err := r.speaker.Learned(ctx)
-	if err != nil {
+// programKernel is step 5: what BGP learned, through routing.Desired,
+// into the kernel.
+func (r *router) programKernel(ctx context.Context, p *pass) {
+	out := &p.out
+	var err error
+	if p.learned, err = r.speaker.Learned(ctx); err != nil {
 		out.problem(true, "reading the routes BGP learned: %v", err)
 	}
-	states, err := r.speaker.PeerStates(ctx)
-	if err != nil {
+	if p.states, err = r.speaker.PeerStates(ctx); err != nil {
 		out.problem(true, "reading the BGP sessions: %v", err)
 	}
 	nodeAddrs := map[netip.Addr]bool{}
-	for _, n := range nodes {
+	for _, n := range p.nodes {
 		nodeAddrs[n.IPv4.Addr()], nodeAddrs[n.IPv6.Addr()] = true, true
 	}
-	toInstall, stale, refused := installable(learned, snap.pools, nodeAddrs, filters, desired)
+	toInstall, stale, refused := installable(p.learned, p.snap.pools, nodeAddrs, p.filters, p.desired)
+	p.stale = stale
 	for _, why := range refused {
 		out.problem(false, "%s", why)
 	}
+	p.state = routing.Desired(routing.Inputs{Node: p.info, Pools: p.snap.pools, Blocks: r.ownBlocks(&p.snap), Learned: toInstall, Peers: p.peers})
+	for _, w := range p.state.Warnings {
+		out.problem(false, "%s", w)
+	}
+	p.restart, p.nKept = r.holdKept(&p.state, p.desired, p.states)
+	stats, applyErr := r.apply(p.state)
+	if applyErr != nil {
+		out.problem(true, "programming the kernel: %v", applyErr)
+		p.notReady = append(p.notReady, "programming the kernel failed: "+applyErr.Error())
+	} else if !r.conditionSet {
+		r.conditionSet = setNetworkAvailable(ctx, r.cfg.DS, p.self, r.log)
+	}
+	for _, c := range stats.Conflicts {
+		out.problem(false, "%s", c)
+	}
+}
+
+// ownBlocks are the CIDRs of this node's live blocks.
+func (r *router) ownBlocks(snap *snapshot) []netip.Prefix {
 	var own []netip.Prefix
 	for _, b := range snap.blocks {
 		if b.Spec.Affinity != "host:"+r.cfg.Node || b.Spec.Deleted {
@@ -362,55 +434,47 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 			own = append(own, p)
 		}
 	}
-	state := routing.Desired(routing.Inputs{Node: info, Pools: snap.pools, Blocks: own, Learned: toInstall, Peers: peerInfos})
-	for _, w := range state.Warnings {
-		out.problem(false, "%s", w)
-	}
-	restartNote, nKept := r.holdKept(&state, desired, states)
-	applyStart := time.Now()
-	var stats routing.Stats
-	var applyErr error
+	return own
+}
+
+// apply programs state into the kernel, unless the last Apply programmed
+// the same a moment ago.
+func (r *router) apply(state routing.State) (routing.Stats, error) {
 	if r.applied != nil && reflect.DeepEqual(*r.applied, state) && time.Since(r.appliedAt) < r.cfg.Resync/2 {
 		// What the last Apply programmed, successfully, a moment ago:
 		// reading the kernel again (routes, links, iptables) would find
 		// nothing to do. The periodic resync applies anyway, to heal
 		// changes made behind tabby's back.
-		stats = routing.Stats{Conflicts: r.appliedConflicts}
-	} else {
-		stats, applyErr = r.applier.Apply(state)
-		r.metrics.observeApply(stats, applyErr)
-		applyDur := time.Since(applyStart)
-		r.applied, r.appliedAt, r.appliedConflicts = nil, time.Time{}, stats.Conflicts
-		if applyErr == nil {
-			r.applied, r.appliedAt = &state, applyStart
-		}
-		r.lastApply = nodestatus.Apply{Time: applyStart, Duration: applyDur, Changes: stats.Changed()}
-		if applyErr != nil {
-			r.lastApply.Error = applyErr.Error()
-		}
-		if n := stats.Changed(); n > 0 {
-			r.log.Debug("programmed the kernel", "changes", n, "routes", stats.Routes, "took", applyDur)
-		}
+		return routing.Stats{Conflicts: r.appliedConflicts}, nil
 	}
+	applyStart := time.Now()
+	stats, applyErr := r.applier.Apply(state)
+	r.metrics.observeApply(stats, applyErr)
+	applyDur := time.Since(applyStart)
+	r.applied, r.appliedAt, r.appliedConflicts = nil, time.Time{}, stats.Conflicts
+	if applyErr == nil {
+		r.applied, r.appliedAt = &state, applyStart
+	}
+	r.lastApply = nodestatus.Apply{Time: applyStart, Duration: applyDur, Changes: stats.Changed()}
 	if applyErr != nil {
-		out.problem(true, "programming the kernel: %v", applyErr)
-		notReady = append(notReady, "programming the kernel failed: "+applyErr.Error())
-	} else if !r.conditionSet {
-		r.conditionSet = setNetworkAvailable(ctx, r.cfg.DS, self, r.log)
+		r.lastApply.Error = applyErr.Error()
 	}
-	for _, c := range stats.Conflicts {
-		out.problem(false, "%s", c)
+	if n := stats.Changed(); n > 0 {
+		r.log.Debug("programmed the kernel", "changes", n, "routes", stats.Routes, "took", applyDur)
 	}
+	return stats, applyErr
+}
 
-	// 6. Status, readiness and metrics.
+// report is step 6: status, readiness and metrics.
+func (r *router) report(p *pass) {
 	blackholes := 0
-	for _, rt := range state.Routes {
+	for _, rt := range p.state.Routes {
 		if rt.Type == routing.Blackhole {
 			blackholes++
 		}
 	}
-	for _, p := range desired {
-		st := findState(states, p.Key())
+	for _, peer := range p.desired {
+		st := findState(p.states, peer.Key())
 		if st == nil || !st.Established() {
 			why := "no session yet"
 			if st != nil {
@@ -419,31 +483,30 @@ func (r *router) reconcileOnce(ctx context.Context) (out outcome) {
 					why += ": " + st.Detail
 				}
 			}
-			notReady = append(notReady, fmt.Sprintf("BGP session with %s (%s) is not established (%s)", p.Address, p.Reason(), why))
+			p.notReady = append(p.notReady, fmt.Sprintf("BGP session with %s (%s) is not established (%s)", peer.Address, peer.Reason(), why))
 		}
 	}
-	r.metrics.observeSessions(states)
-	r.metrics.observeRejected(states)
-	r.metrics.routes.WithLabelValues("programmed").Set(float64(len(state.Routes)))
+	r.metrics.observeSessions(p.states)
+	r.metrics.observeRejected(p.states)
+	r.metrics.routes.WithLabelValues("programmed").Set(float64(len(p.state.Routes)))
 	r.metrics.routes.WithLabelValues("blackhole").Set(float64(blackholes))
-	r.metrics.routes.WithLabelValues("learned").Set(float64(len(learned)))
-	r.metrics.routes.WithLabelValues("stale").Set(float64(stale))
-	r.metrics.routes.WithLabelValues("advertised").Set(float64(len(routes)))
-	r.metrics.routes.WithLabelValues("kept").Set(float64(nKept))
+	r.metrics.routes.WithLabelValues("learned").Set(float64(len(p.learned)))
+	r.metrics.routes.WithLabelValues("stale").Set(float64(p.stale))
+	r.metrics.routes.WithLabelValues("advertised").Set(float64(len(p.adverts)))
+	r.metrics.routes.WithLabelValues("kept").Set(float64(p.nKept))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := &r.status
 	st.IPv4, st.IPv6 = prefixString(r.addr4), prefixString(r.addr6)
-	st.AS, st.RouterID = as, bgp.RouterID(selfBGP).String()
-	st.Routes = nodestatus.Routes{Programmed: len(state.Routes), Blackholes: blackholes, Learned: len(learned), Stale: stale,
-		Advertised: len(routes), Kept: nKept}
+	st.AS, st.RouterID = p.as, bgp.RouterID(p.selfBGP).String()
+	st.Routes = nodestatus.Routes{Programmed: len(p.state.Routes), Blackholes: blackholes, Learned: len(p.learned), Stale: p.stale,
+		Advertised: len(p.adverts), Kept: p.nKept}
 	st.LastApply = r.lastApply
 	st.Reconciles++
-	st.Restart = restartNote
-	st.Warnings = out.problems
-	r.notReady = notReady
+	st.Restart = p.restart
+	st.Warnings = p.out.problems
+	r.notReady = p.notReady
 	r.live = r.speaker
-	return out
 }
 
 // identity computes the node's routing identity: its address, and its
