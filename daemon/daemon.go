@@ -133,20 +133,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	ready := &readiness{}
 	mux := healthMux(ready, reg)
-	healthAddr := cfg.HealthListen
-	if healthAddr == "" {
-		healthAddr = DefaultHealthListen
-	}
-	ln, err := listenHTTP(healthAddr, "--health-listen")
+	ln, mln, err := listenAll(cfg)
 	if err != nil {
-		return fmt.Errorf("serving health and status: %w", err)
-	}
-	var mln net.Listener
-	if cfg.MetricsListen != "" {
-		if mln, err = listenHTTP(cfg.MetricsListen, "--metrics-listen"); err != nil {
-			_ = ln.Close()
-			return fmt.Errorf("serving metrics: %w", err)
-		}
+		return err
 	}
 	// From here on every goroutine runs in gs: whichever way Run returns,
 	// it stops them all and waits for them first.
@@ -160,16 +149,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			_ = mln.Close()
 		}
 	}()
-	// One iptables backend for routing (NAT outgoing) and NetworkPolicy.
-	var backend *iptbackend.Backend
-	if b, err := iptbackend.Detect(ctx, iptbackend.Options{Mode: cfg.IPTablesBackend}); err != nil {
-		if cfg.NetworkPolicy || cfg.IPTablesBackend != "" {
-			return fmt.Errorf("finding the iptables backend: %w (install iptables, or pass --iptables-backend; NetworkPolicy needs it)", err)
-		}
-		cfg.Log.Warn("no iptables backend: NAT outgoing cannot be programmed", "error", err)
-	} else {
-		backend = &b
-		cfg.Log.Info("iptables backend", "mode", b.Mode, "reason", b.Reason)
+	backend, err := detectBackend(ctx, cfg)
+	if err != nil {
+		return err
 	}
 	if cfg.DefaultIPv4Pool != nil {
 		gs.Go("default pool", func(ctx context.Context) error {
@@ -187,6 +169,71 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return err
 		}
 	}
+	if err := startHeartbeat(gs, cfg, rc, ready, routes, policies); err != nil {
+		return err
+	}
+	if cfg.CNISocket != "" {
+		if err := startAgent(gs, cfg, rc, met, policies); err != nil {
+			return err
+		}
+	}
+	if cfg.IPAMGC {
+		if err := startIPAMGC(gs, cfg, rc, ds, met); err != nil {
+			return err
+		}
+	}
+	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String(), "metrics", cfg.MetricsListen, "cniSocket", cfg.CNISocket)
+	if mln != nil {
+		gs.Go("metrics server", func(ctx context.Context) error {
+			err := serveUntil(ctx, httpServer(metricsMux(reg)), mln)
+			if err != nil {
+				cfg.Log.Error("serving /metrics on --metrics-listen stopped", "address", cfg.MetricsListen, "error", err)
+			}
+			return err
+		})
+	}
+	// The health server is tabbyd's life: when it stops, all stops.
+	return serveUntil(ctx, httpServer(mux), ln)
+}
+
+// listenAll opens the health server's listener and, when asked for, the
+// metrics server's (nil otherwise).
+func listenAll(cfg Config) (ln, mln net.Listener, err error) {
+	healthAddr := cfg.HealthListen
+	if healthAddr == "" {
+		healthAddr = DefaultHealthListen
+	}
+	if ln, err = listenHTTP(healthAddr, "--health-listen"); err != nil {
+		return nil, nil, fmt.Errorf("serving health and status: %w", err)
+	}
+	if cfg.MetricsListen != "" {
+		if mln, err = listenHTTP(cfg.MetricsListen, "--metrics-listen"); err != nil {
+			_ = ln.Close()
+			return nil, nil, fmt.Errorf("serving metrics: %w", err)
+		}
+	}
+	return ln, mln, nil
+}
+
+// detectBackend finds the one iptables backend of routing (NAT outgoing)
+// and NetworkPolicy; nil, without an error, when none is found and
+// NetworkPolicy is off.
+func detectBackend(ctx context.Context, cfg Config) (*iptbackend.Backend, error) {
+	b, err := iptbackend.Detect(ctx, iptbackend.Options{Mode: cfg.IPTablesBackend})
+	if err != nil {
+		if cfg.NetworkPolicy || cfg.IPTablesBackend != "" {
+			return nil, fmt.Errorf("finding the iptables backend: %w (install iptables, or pass --iptables-backend; NetworkPolicy needs it)", err)
+		}
+		cfg.Log.Warn("no iptables backend: NAT outgoing cannot be programmed", "error", err)
+		return nil, nil
+	}
+	cfg.Log.Info("iptables backend", "mode", b.Mode, "reason", b.Reason)
+	return &b, nil
+}
+
+// startHeartbeat renews the node's heartbeat Lease until ctx ends, and
+// sets what /readyz checks.
+func startHeartbeat(gs *goroutines, cfg Config, rc *rest.Config, ready *readiness, routes *router, policies *netpol.Controller) error {
 	var policyReady func() error
 	if policies != nil {
 		policyReady = policies.Ready
@@ -214,28 +261,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		{"networkpolicy", policyReady},
 		{"heartbeat", hb.apiError},
 	}
-	if cfg.CNISocket != "" {
-		if err := startAgent(gs, cfg, rc, met, policies); err != nil {
-			return err
-		}
-	}
-	if cfg.IPAMGC {
-		if err := startIPAMGC(gs, cfg, rc, ds, met); err != nil {
-			return err
-		}
-	}
-	cfg.Log.Info("tabbyd started", "node", cfg.NodeName, "apiserver", ds.Host(), "health", ln.Addr().String(), "metrics", cfg.MetricsListen, "cniSocket", cfg.CNISocket)
-	if mln != nil {
-		gs.Go("metrics server", func(ctx context.Context) error {
-			err := serveUntil(ctx, httpServer(metricsMux(reg)), mln)
-			if err != nil {
-				cfg.Log.Error("serving /metrics on --metrics-listen stopped", "address", cfg.MetricsListen, "error", err)
-			}
-			return err
-		})
-	}
-	// The health server is tabbyd's life: when it stops, all stops.
-	return serveUntil(ctx, httpServer(mux), ln)
+	return nil
 }
 
 // startAgent serves the CNI plugins' IPAM on cfg.CNISocket until ctx ends.
