@@ -15,7 +15,8 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/test/cluster"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // inNetNSEnv marks the copy of the test binary that runs inside a network
@@ -31,9 +32,7 @@ const inNetNSEnv = "TABBY_TEST_RUN_IN_NETNS"
 // plane of its own) in a copy of the test binary in a fresh network
 // namespace (unshare --net), which disappears with it.
 func TestRunWaitsForEveryGoroutine(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("SKIPPING: tabbyd and a real control plane in a network namespace need root (make test runs it as root)")
-	}
+	tier.Root(t, "tabbyd and a real control plane in a network namespace of their own", "unshare")
 	if os.Getenv(inNetNSEnv) == "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
@@ -55,7 +54,7 @@ func runWaitsInNetNS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{})
+	c, err := controlplane.Start(ctx, controlplane.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
