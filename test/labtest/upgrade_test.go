@@ -57,7 +57,7 @@ func TestLabUpgrade(t *testing.T) {
 
 	// The probes: one ping every 50 ms and one TCP connection every 50 ms
 	// from the client pod on node1 to the server pod on node2.
-	ping := exec.Command("nsenter", "--net="+nsPath, "ping", "-n", "-i", "0.05", "-W", "1", srv.Status.PodIP)
+	ping := exec.Command("nsenter", "--net="+nsPath, "ping", "-n", "-O", "-D", "-i", "0.05", "-W", "1", srv.Status.PodIP)
 	var pingOut strings.Builder
 	ping.Stdout = &pingOut
 	ping.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -122,7 +122,17 @@ func TestLabUpgrade(t *testing.T) {
 	sent, received := pingCounts(pingOut.String())
 	t.Logf("during the upgrade: %d of %d pings answered, %d TCP connections answered, %d failed", received, sent, tcpOK.Load(), tcpFail.Load())
 	if sent == 0 || received != sent || tcpOK.Load() == 0 || tcpFail.Load() != 0 {
-		t.Errorf("traffic lost during the upgrade: %d of %d pings answered, %d TCP failures: %v\n%s", received, sent, tcpFail.Load(), failures, lastLines(pingOut.String(), 5))
+		// When (-D) which pings went unanswered (-O), next to what the
+		// new tabbyds logged, to tell which step of the rollover lost them.
+		var missed []string
+		for _, line := range strings.Split(pingOut.String(), "\n") {
+			if strings.Contains(line, "no answer") && len(missed) < 20 {
+				missed = append(missed, line)
+			}
+		}
+		logs, _ := l.Kubectl("-n", "tabby-system", "logs", "-l", lab.TabbyNodeLabel, "-c", "tabbyd", "--tail", "60", "--prefix", "--timestamps")
+		t.Errorf("traffic lost during the upgrade: %d of %d pings answered, %d TCP failures: %v\n%s\nunanswered:\n%s\ntabbyd after the rollover:\n%s",
+			received, sent, tcpFail.Load(), failures, lastLines(pingOut.String(), 5), strings.Join(missed, "\n"), logs)
 	}
 }
 
