@@ -162,6 +162,12 @@ func Up(t testing.TB, args ...string) *Lab {
 	l := &Lab{Name: "lt" + randHex(3), Dir: filepath.Join(t.TempDir(), "lab")}
 	t.Cleanup(func() {
 		if _, err := os.Stat(l.Dir); err == nil {
+			if t.Failed() && l.Kubeconfig != "" {
+				// What tabbyd said, for failures seen only in CI.
+				out, _ := l.Kubectl("-n", "tabby-system", "logs", "-l", lab.TabbyNodeLabel, "-c", "tabbyd",
+					"--tail", "80", "--prefix", "--timestamps", "--max-log-requests", "10")
+				t.Logf("tabbyd's logs (the last 80 lines of each tabby-node pod) as the test failed:\n%s", out)
+			}
 			if out, code := l.Tabbyctl("down"); code != 0 {
 				t.Errorf("lab down: %s", out)
 			}
