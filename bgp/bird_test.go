@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // BIRD 2 (Debian's bird2) as the top-of-rack router of the lab, node 254.
@@ -21,7 +23,7 @@ const birdOrigin = "192.0.2.0/24" // the prefix BIRD originates
 type bird struct {
 	t    *testing.T
 	sock string
-	logs *syncBuffer
+	logs *testnet.SyncBuffer
 }
 
 // startBird runs BIRD in node's namespace, peering with the lab nodes in
@@ -59,7 +61,7 @@ func startBirdRoutes(t *testing.T, node *labNode, as uint32, peers map[int]uint3
 	if err := os.WriteFile(confPath, []byte(conf.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testnet.SyncBuffer{}
 	b := &bird{t: t, sock: filepath.Join(dir, "bird.ctl"), logs: logs}
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+node.ns, "bird", "-f", "-c", confPath, "-s", b.sock)
 	cmd.Stdout, cmd.Stderr = logs, logs

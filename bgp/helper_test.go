@@ -2,7 +2,6 @@ package bgp
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // GoBGP's sockets belong to the namespace of the thread that opens them, so
@@ -102,14 +103,14 @@ type proc struct {
 	cmd  *exec.Cmd
 	in   io.WriteCloser
 	out  *bufio.Scanner
-	logs *syncBuffer
+	logs *testnet.SyncBuffer
 }
 
 // startProc starts a speaker process (not yet a speaker: see start) in
 // node's namespace; it is killed when the test ends.
 func startProc(t *testing.T, name string, node *labNode) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, ns: node.ns, logs: &syncBuffer{}}
+	p := &proc{t: t, name: name, ns: node.ns, logs: &testnet.SyncBuffer{}}
 	p.spawn()
 	t.Cleanup(func() {
 		p.kill()
@@ -204,21 +205,3 @@ func (p *proc) must(req helperRequest) helperResponse {
 
 func (p *proc) learned() []LearnedRoute { return p.must(helperRequest{Op: "learned"}).Learned }
 func (p *proc) states() []PeerState     { return p.must(helperRequest{Op: "states"}).States }
-
-// syncBuffer is a bytes.Buffer safe for one writer and readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}

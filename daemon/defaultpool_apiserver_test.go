@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,26 +15,9 @@ import (
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/internal/tier"
 )
-
-// syncBuffer is a log sink the test reads while tabbyd's goroutine writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestDefaultPoolAfterRefusal: when the API server's admission refuses the
 // default pool (as tabby's own IPPool policies do for a few seconds after
@@ -110,7 +91,7 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	var logs syncBuffer
+	var logs testnet.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	done := make(chan struct{})
 	go func() {

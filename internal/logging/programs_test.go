@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -63,7 +62,7 @@ func TestJSONLogIsAllJSON(t *testing.T) {
 			if tc.root {
 				argv = append([]string{"unshare", "--net", "--"}, argv...)
 			}
-			var stderr syncBuffer
+			var stderr testnet.SyncBuffer
 			cmd := exec.Command(argv[0], argv[1:]...)
 			cmd.Stderr = &stderr
 			if err := cmd.Start(); err != nil {
@@ -106,25 +105,6 @@ func TestJSONLogIsAllJSON(t *testing.T) {
 			t.Logf("%s: %d lines of stderr, all JSON", tc.name, n)
 		})
 	}
-}
-
-// syncBuffer is a bytes.Buffer that the process's copier writes while
-// the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestInstallCNIFinalErrorIsJSON runs the real tabbyctl install-cni, as

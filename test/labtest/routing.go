@@ -20,6 +20,7 @@ import (
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -169,7 +170,7 @@ func (l *Lab) AddHost(t testing.TB, name string, subnet int, addr netip.Prefix) 
 type Flow struct {
 	t        testing.TB
 	ping     *exec.Cmd
-	out      *syncBuffer
+	out      *testnet.SyncBuffer
 	stopTCP  chan struct{}
 	tcpDone  sync.WaitGroup
 	mu       sync.Mutex
@@ -246,7 +247,7 @@ func (l *Lab) StartNodeFlow(t testing.TB, node string, to *corev1.Pod, port int,
 // nsPath to the Web pod to.
 func startFlow(t testing.TB, nsPath string, to *corev1.Pod, port int, interval time.Duration) *Flow {
 	t.Helper()
-	f := &Flow{t: t, out: &syncBuffer{}, stopTCP: make(chan struct{}), started: time.Now()}
+	f := &Flow{t: t, out: &testnet.SyncBuffer{}, stopTCP: make(chan struct{}), started: time.Now()}
 	f.ping = exec.Command("nsenter", "--net="+nsPath, "ping", "-n", "-i", fmt.Sprintf("%.3f", interval.Seconds()), "-W", "1", to.Status.PodIP)
 	f.ping.Stdout, f.ping.Stderr = f.out, f.out
 	f.ping.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -324,26 +325,6 @@ func (f *Flow) Stop() FlowResult {
 	r.TCP, r.TCPFails = f.tcpOK+len(f.tcpFails), append([]string(nil), f.tcpFails...)
 	f.mu.Unlock()
 	return r
-}
-
-// syncBuffer is an io.Writer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-var _ io.Writer = (*syncBuffer)(nil)
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TabbydGet fetches path (e.g. /metrics) from a node's tabbyd, from

@@ -22,6 +22,7 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -400,7 +401,7 @@ func TestBIRDTopOfRack(t *testing.T) {
 	if err := os.WriteFile(confPath, []byte(conf.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testnet.SyncBuffer{}
 	bird := exec.Command("nsenter", "--net=/run/netns/"+ns, "bird", "-f", "-c", confPath, "-s", sock)
 	bird.Stdout, bird.Stderr = logs, logs
 	bird.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
