@@ -163,6 +163,9 @@ type Error struct {
 	// Forbidden: the agent does not serve this request, such as one that
 	// names another node than the agent's (fix the CNI config).
 	Forbidden bool `json:"forbidden,omitempty"`
+	// Invalid: the request itself is wrong (malformed JSON, a value out of
+	// range); sending it again cannot help.
+	Invalid bool `json:"invalid,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -219,7 +219,7 @@ func endpoint[Req, Resp any](mux *http.ServeMux, a *Agent, name string, f func(c
 		}
 		var resp Resp
 		if err != nil {
-			err = &agentapi.Error{Message: fmt.Sprintf("tabbyd: a malformed %s request: %v", name, err)}
+			err = &agentapi.Error{Message: fmt.Sprintf("tabbyd: a malformed %s request: %v", name, err), Invalid: true}
 		} else {
 			resp, err = f(r.Context(), req)
 		}
@@ -236,6 +236,8 @@ func endpoint[Req, Resp any](mux *http.ServeMux, a *Agent, name string, f func(c
 				status = http.StatusConflict
 			case e.Forbidden:
 				status = http.StatusForbidden
+			case e.Invalid:
+				status = http.StatusBadRequest
 			}
 			a.log.Debug("request failed", "endpoint", name, "error", e.Message)
 			w.WriteHeader(status)
@@ -252,13 +254,13 @@ func endpoint[Req, Resp any](mux *http.ServeMux, a *Agent, name string, f func(c
 // histogram's label sets.
 func (a *Agent) report(_ context.Context, r agentapi.CommandReport) (agentapi.Empty, error) {
 	if r.Command != agentapi.CommandAdd && r.Command != agentapi.CommandDel {
-		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report of command %q: only %s and %s are counted", r.Command, agentapi.CommandAdd, agentapi.CommandDel)}
+		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report of command %q: only %s and %s are counted", r.Command, agentapi.CommandAdd, agentapi.CommandDel), Invalid: true}
 	}
 	if r.Result != agentapi.ResultOK && r.Result != agentapi.ResultError {
-		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report with result %q: want %s or %s", r.Result, agentapi.ResultOK, agentapi.ResultError)}
+		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report with result %q: want %s or %s", r.Result, agentapi.ResultOK, agentapi.ResultError), Invalid: true}
 	}
 	if r.Seconds < 0 {
-		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report of %s lasting %v seconds: want a duration of 0 or more", r.Command, r.Seconds)}
+		return agentapi.Empty{}, &agentapi.Error{Message: fmt.Sprintf("tabbyd: a report of %s lasting %v seconds: want a duration of 0 or more", r.Command, r.Seconds), Invalid: true}
 	}
 	a.met.commands.WithLabelValues(r.Command, r.Result).Observe(r.Seconds)
 	return agentapi.Empty{}, nil

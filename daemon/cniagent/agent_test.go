@@ -5,9 +5,11 @@ package cniagent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -374,6 +376,42 @@ func TestAgentRefusesOtherNodes(t *testing.T) {
 			if got := mf.GetMetric()[0].GetCounter().GetValue(); got != 10 {
 				t.Errorf("tabby_cni_agent_other_node_requests_total = %v, want 10", got)
 			}
+		}
+	}
+}
+
+// TestAgentRefusesBadRequests: a request the agent cannot read, or a
+// report with values outside what it counts, is answered 400 with a
+// message naming what is wrong (a client bug, not a tabbyd failure); a
+// good report is counted.
+func TestAgentRefusesBadRequests(t *testing.T) {
+	w := newWorld(t)
+	reg := prometheus.NewRegistry()
+	a, _ := runAgent(t, w, reg)
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", a.cfg.Socket)
+	}}}
+	for _, c := range []struct {
+		endpoint, body string
+		status         int
+		says           string
+	}{
+		{agentapi.EndpointAssign, `{"handleID": `, http.StatusBadRequest, "a malformed assign request"},
+		{agentapi.EndpointReport, `[1, 2]`, http.StatusBadRequest, "a malformed report request"},
+		{agentapi.EndpointReport, `{"command": "EXPLODE", "result": "ok", "seconds": 1}`, http.StatusBadRequest, `command "EXPLODE"`},
+		{agentapi.EndpointReport, `{"command": "ADD", "result": "maybe", "seconds": 1}`, http.StatusBadRequest, `result "maybe"`},
+		{agentapi.EndpointReport, `{"command": "ADD", "result": "ok", "seconds": -3}`, http.StatusBadRequest, "lasting -3 seconds"},
+		{agentapi.EndpointReport, `{"command": "ADD", "result": "ok", "seconds": 0.02}`, http.StatusOK, ""},
+	} {
+		resp, err := hc.Post("http://agent"+agentapi.Path+c.endpoint, "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e agentapi.Error
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || err != nil || !strings.Contains(e.Message, c.says) || e.Invalid != (c.status == http.StatusBadRequest) {
+			t.Errorf("%s %s: %d %+v (%v); want %d and %q", c.endpoint, c.body, resp.StatusCode, e, err, c.status, c.says)
 		}
 	}
 }
