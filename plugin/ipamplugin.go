@@ -40,15 +40,7 @@ func IPAMAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *sl
 	if err != nil {
 		return nil, err
 	}
-	var v4, v6 bool
-	for _, ipc := range ips {
-		if ipc.Address.IP.To4() != nil {
-			v4 = true
-		} else {
-			v6 = true
-		}
-	}
-	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, IPs: ips, Routes: defaultRoutes(v4, v6)}
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, IPs: ips, Routes: podRoutes(0, 0, addresses(ips)).result()}
 	if dnsSet(c.DNS) {
 		result.DNS = c.DNS
 	}

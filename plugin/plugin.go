@@ -174,60 +174,15 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 		return nil, fmt.Errorf("tabby: opening the node's network namespace: %w", err)
 	}
 	defer nodeNS.Close()
-
-	var alloc Allocator
-	if c.TabbyIPAM() || c.MTU == 0 {
-		alloc, err = d.allocator(ctx, c, log)
-		if err != nil {
-			if c.TabbyIPAM() {
-				return nil, err
-			}
-			log.Warn("no datastore for MTU detection; ignoring pool encapsulation", "error", err)
-			alloc = nil
-		}
+	alloc, err := addAllocator(ctx, c, d, log)
+	if err != nil {
+		return nil, err
 	}
 
 	// The MTU is worked out while IPAM runs.
 	mtuc := make(chan mtuResult, 1)
 	go func() { mtuc <- detectMTU(ctx, c, alloc, log) }()
-
-	var ips []*current.IPConfig
-	var release func()
-	if c.TabbyIPAM() {
-		ips, err = ipamAdd(ctx, c, args.ContainerID, pod, alloc, log)
-		release = func() {
-			cctx, cancel := cleanupContext(ctx, c)
-			defer cancel()
-			if rerr := ipamRelease(cctx, c, c.HandleID(args.ContainerID), alloc); rerr != nil {
-				log.Error("releasing addresses after a failed ADD", "error", rerr)
-			}
-		}
-	} else {
-		var r types.Result
-		r, err = cniipam.ExecAdd(c.IPAMType, c.Raw)
-		release = func() {
-			if rerr := cniipam.ExecDel(c.IPAMType, c.Raw); rerr != nil {
-				log.Error("releasing addresses after a failed ADD", "ipam", c.IPAMType, "error", rerr)
-			}
-		}
-		if err == nil {
-			var res *current.Result
-			res, err = current.NewResultFromResult(r)
-			if err == nil {
-				for _, ipc := range res.IPs {
-					ips = append(ips, &current.IPConfig{Address: hostPrefix(ipc.Address.IP), Gateway: gatewayFor(ipc.Address.IP)})
-				}
-				if len(ips) == 0 {
-					err = fmt.Errorf("tabby: IPAM plugin %s returned no address", c.IPAMType)
-				}
-			}
-		}
-		if err != nil {
-			// The delegate may have allocated before failing.
-			release()
-			return nil, err
-		}
-	}
+	ips, release, err := addIPAM(ctx, c, args.ContainerID, pod, alloc, log)
 	if err != nil {
 		return nil, err
 	}
@@ -236,55 +191,156 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 			release()
 		}
 	}()
-
 	m := <-mtuc
 	if m.err != nil {
 		return nil, m.err
 	}
-	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att), MTU: m.mtu}
-	for _, ipc := range ips {
-		w.IPs = append(w.IPs, ipc.Address)
-	}
-	v4, v6 := w.families()
-	if err = EnableForwarding(v4, v6); err != nil {
-		return nil, fmt.Errorf("tabby: %w", err)
-	}
-	if stale, serr := RemoveStaleHostVeth(hostVeth); serr != nil {
-		return nil, fmt.Errorf("tabby: %w", serr)
-	} else if stale {
-		log.Info("deleted a stale host veth of an earlier sandbox", "veth", hostVeth)
-	}
-	hostIf, podIf, err := SetupPod(podNS, nodeNS, w)
-	defer func() {
-		if err != nil {
-			// Whatever link has the name now is this ADD's: deleting the
-			// host end deletes the pod end and the routes through it.
-			if _, derr := RemoveStaleHostVeth(hostVeth); derr != nil {
-				log.Error("deleting the veth after a failed ADD", "veth", hostVeth, "error", derr)
-			}
-		}
-	}()
+
+	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att), MTU: m.mtu, IPs: addresses(ips)}
+	hostIf, podIf, err := wire(podNS, nodeNS, w, log)
 	if err != nil {
 		return nil, fmt.Errorf("tabby: %w", err)
 	}
-	if err = SetupHost(w); err != nil {
-		return nil, fmt.Errorf("tabby: %w", err)
-	}
+	defer func() {
+		if err != nil {
+			unwire(hostVeth, log)
+		}
+	}()
 	if err = waitPolicy(ctx, c, alloc, pod, args.ContainerID, w.IPs, log); err != nil {
 		return nil, err
 	}
+	log.Info("added", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "mtu", w.MTU)
+	return addResult(c, ips, hostIf, podIf), nil
+}
 
+// addAllocator is the allocator of an ADD: tabby's IPAM needs it, and MTU
+// detection reads the pools' encapsulation through it. Under another IPAM
+// plugin, a datastore out of reach only leaves the encapsulation out.
+func addAllocator(ctx context.Context, c *Config, d Deps, log *slog.Logger) (Allocator, error) {
+	if !c.TabbyIPAM() && c.MTU != 0 {
+		return nil, nil
+	}
+	alloc, err := d.allocator(ctx, c, log)
+	if err != nil && !c.TabbyIPAM() {
+		log.Warn("no datastore for MTU detection; ignoring pool encapsulation", "error", err)
+		return nil, nil
+	}
+	return alloc, err
+}
+
+// addIPAM assigns the pod's addresses, from tabby's pools or through the
+// IPAM plugin the config names, and returns how to release them when a
+// later step of ADD fails.
+func addIPAM(ctx context.Context, c *Config, containerID string, pod contract.PodID, alloc Allocator, log *slog.Logger) ([]*current.IPConfig, func(), error) {
+	if !c.TabbyIPAM() {
+		return delegateAdd(c, log)
+	}
+	ips, err := ipamAdd(ctx, c, containerID, pod, alloc, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ips, func() {
+		cctx, cancel := cleanupContext(ctx, c)
+		defer cancel()
+		if rerr := ipamRelease(cctx, c, c.HandleID(containerID), alloc); rerr != nil {
+			log.Error("releasing addresses after a failed ADD", "error", rerr)
+		}
+	}, nil
+}
+
+// delegateAdd runs the IPAM plugin the config names and takes each of its
+// addresses as a host prefix behind tabby's link-local gateway.
+func delegateAdd(c *Config, log *slog.Logger) ([]*current.IPConfig, func(), error) {
+	release := func() {
+		if rerr := cniipam.ExecDel(c.IPAMType, c.Raw); rerr != nil {
+			log.Error("releasing addresses after a failed ADD", "ipam", c.IPAMType, "error", rerr)
+		}
+	}
+	ips, err := delegatedAddresses(c)
+	if err != nil {
+		// The delegate may have allocated before failing.
+		release()
+		return nil, nil, err
+	}
+	return ips, release, nil
+}
+
+func delegatedAddresses(c *Config) ([]*current.IPConfig, error) {
+	r, err := cniipam.ExecAdd(c.IPAMType, c.Raw)
+	if err != nil {
+		return nil, err
+	}
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		return nil, err
+	}
+	var ips []*current.IPConfig
+	for _, ipc := range res.IPs {
+		ips = append(ips, &current.IPConfig{Address: hostPrefix(ipc.Address.IP), Gateway: gatewayFor(ipc.Address.IP)})
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("tabby: IPAM plugin %s returned no address", c.IPAMType)
+	}
+	return ips, nil
+}
+
+// wire makes the pod's veth and routes (w), after forwarding is on and a
+// stale host veth of an earlier sandbox is gone. A failure deletes what
+// it made.
+func wire(podNS, nodeNS ns.NetNS, w *Wiring, log *slog.Logger) (hostIf, podIf *current.Interface, err error) {
+	if err := EnableForwarding(families(w.IPs)); err != nil {
+		return nil, nil, err
+	}
+	if stale, err := RemoveStaleHostVeth(w.HostVeth); err != nil {
+		return nil, nil, err
+	} else if stale {
+		log.Info("deleted a stale host veth of an earlier sandbox", "veth", w.HostVeth)
+	}
+	defer func() {
+		if err != nil {
+			unwire(w.HostVeth, log)
+		}
+	}()
+	if hostIf, podIf, err = SetupPod(podNS, nodeNS, w); err != nil {
+		return nil, nil, err
+	}
+	if err = SetupHost(w); err != nil {
+		return nil, nil, err
+	}
+	return hostIf, podIf, nil
+}
+
+// unwire deletes the veth of a failed ADD. Whatever link has the name now
+// is this ADD's: deleting the host end deletes the pod end and the routes
+// through it.
+func unwire(hostVeth string, log *slog.Logger) {
+	if _, err := RemoveStaleHostVeth(hostVeth); err != nil {
+		log.Error("deleting the veth after a failed ADD", "veth", hostVeth, "error", err)
+	}
+}
+
+// addResult is ADD's result: both ends of the veth, the addresses on the
+// pod end (interface 1) and the routes podRoutes reports.
+func addResult(c *Config, ips []*current.IPConfig, hostIf, podIf *current.Interface) *current.Result {
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Interfaces: []*current.Interface{hostIf, podIf}}
 	for _, ipc := range ips {
 		ipc.Interface = current.Int(1)
 		result.IPs = append(result.IPs, ipc)
 	}
-	result.Routes = defaultRoutes(v4, v6)
+	result.Routes = podRoutes(0, 0, addresses(ips)).result()
 	if dnsSet(c.DNS) {
 		result.DNS = c.DNS
 	}
-	log.Info("added", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "mtu", w.MTU)
-	return result, nil
+	return result
+}
+
+// addresses are the addresses of ips.
+func addresses(ips []*current.IPConfig) []net.IPNet {
+	out := make([]net.IPNet, 0, len(ips))
+	for _, ipc := range ips {
+		out = append(out, ipc.Address)
+	}
+	return out
 }
 
 type mtuResult struct {
@@ -312,17 +368,6 @@ func detectMTU(ctx context.Context, c *Config, alloc Allocator, log *slog.Logger
 		log.Warn("cannot list pools for MTU detection; ignoring encapsulation", "error", err)
 	}
 	return mtuResult{mtu: ComputeMTU(0, link, ps)}
-}
-
-func defaultRoutes(v4, v6 bool) []*types.Route {
-	var out []*types.Route
-	if v4 {
-		out = append(out, &types.Route{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: GatewayV4})
-	}
-	if v6 {
-		out = append(out, &types.Route{Dst: net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, GW: GatewayV6})
-	}
-	return out
 }
 
 func dnsSet(d types.DNS) bool {

@@ -56,17 +56,6 @@ type Wiring struct {
 	IPs []net.IPNet
 }
 
-func (w *Wiring) families() (v4, v6 bool) {
-	for _, a := range w.IPs {
-		if a.IP.To4() != nil {
-			v4 = true
-		} else {
-			v6 = true
-		}
-	}
-	return
-}
-
 // gatewayFor returns the gateway of an address's family.
 func gatewayFor(a net.IP) net.IP {
 	if a.To4() != nil {
@@ -135,12 +124,10 @@ func RemoveStaleHostVeth(name string) (bool, error) {
 
 // SetupPod creates the veth pair from inside the pod's namespace with the
 // host end made directly in the node's namespace (nodeNS), gives the host
-// end HostVethMAC, and configures the pod end: addresses, the link-local
-// gateway routes and permanent neighbour entries for the gateways. It
-// returns both interfaces for the CNI result. Run it in the node's
-// namespace.
+// end HostVethMAC, and configures the pod end: addresses, and the routes
+// and neighbour entries of podRoutes. It returns both interfaces for the
+// CNI result. Run it in the node's namespace.
 func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interface, err error) {
-	v4, v6 := w.families()
 	hostIf = &current.Interface{Name: w.HostVeth}
 	podIf = &current.Interface{Name: w.IfName, Sandbox: podNS.Path(), Mtu: w.MTU}
 	err = podNS.Do(func(ns.NetNS) error {
@@ -153,57 +140,60 @@ func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interfa
 		}
 		hostIf.Mac = HostVethMAC.String()
 		podIf.Mac = cv.HardwareAddr.String()
-		link, err := netlinksafe.LinkByName(w.IfName)
+		link, err := setupPodAddrs(w)
 		if err != nil {
-			return fmt.Errorf("looking up %s in the pod: %w", w.IfName, err)
+			return err
 		}
-		if v6 {
-			// The pod may have IPv6 off by default; its address is set
-			// without DAD so it is usable at once.
-			_ = setSysctl("net/ipv6/conf/"+w.IfName+"/disable_ipv6", "0")
-			_ = setSysctl("net/ipv6/conf/"+w.IfName+"/accept_ra", "0")
-		}
-		if err := netlink.LinkSetUp(link); err != nil {
-			return fmt.Errorf("bringing %s up in the pod: %w", w.IfName, err)
-		}
-		for _, a := range w.IPs {
-			addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP, Mask: a.Mask}}
-			if a.IP.To4() == nil {
-				addr.Flags = unix.IFA_F_NODAD
-			}
-			if err := netlink.AddrAdd(link, addr); err != nil {
-				return fmt.Errorf("adding address %s to %s in the pod: %w", a.String(), w.IfName, err)
-			}
-		}
-		idx := link.Attrs().Index
-		for _, gw := range gateways(v4, v6) {
-			if err := netlink.NeighSet(gatewayNeigh(idx, gw)); err != nil {
-				return fmt.Errorf("adding the neighbour entry %s lladdr %s dev %s in the pod: %w", gw, HostVethMAC, w.IfName, err)
-			}
-		}
-		if v4 {
-			routes := []netlink.Route{
-				{LinkIndex: idx, Dst: &net.IPNet{IP: GatewayV4, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK},
-				{LinkIndex: idx, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: GatewayV4, Flags: int(netlink.FLAG_ONLINK)},
-			}
-			for i := range routes {
-				if err := netlink.RouteReplace(&routes[i]); err != nil {
-					return fmt.Errorf("adding route %s in the pod: %w", routes[i].String(), err)
-				}
-			}
-		}
-		if v6 {
-			r := netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: GatewayV6}
-			if err := netlink.RouteReplace(&r); err != nil {
-				return fmt.Errorf("adding route %s in the pod: %w", r.String(), err)
-			}
-		}
-		return nil
+		return setupPodRoutes(podRoutes(link.Attrs().Index, hv.Index, w.IPs), w.IfName)
 	})
 	if err != nil {
 		return nil, nil, err
 	}
 	return hostIf, podIf, nil
+}
+
+// setupPodAddrs brings the pod end up with its addresses (run it in the
+// pod's namespace).
+func setupPodAddrs(w *Wiring) (netlink.Link, error) {
+	link, err := netlinksafe.LinkByName(w.IfName)
+	if err != nil {
+		return nil, fmt.Errorf("looking up %s in the pod: %w", w.IfName, err)
+	}
+	if _, v6 := families(w.IPs); v6 {
+		// The pod may have IPv6 off by default; its address is set
+		// without DAD so it is usable at once.
+		_ = setSysctl("net/ipv6/conf/"+w.IfName+"/disable_ipv6", "0")
+		_ = setSysctl("net/ipv6/conf/"+w.IfName+"/accept_ra", "0")
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return nil, fmt.Errorf("bringing %s up in the pod: %w", w.IfName, err)
+	}
+	for _, a := range w.IPs {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP, Mask: a.Mask}}
+		if a.IP.To4() == nil {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := netlink.AddrAdd(link, addr); err != nil {
+			return nil, fmt.Errorf("adding address %s to %s in the pod: %w", a.String(), w.IfName, err)
+		}
+	}
+	return link, nil
+}
+
+// setupPodRoutes writes the pod side of p, neighbour entries then routes
+// (run it in the pod's namespace).
+func setupPodRoutes(p podNet, ifName string) error {
+	for i, n := range p.Neighs {
+		if err := netlink.NeighSet(&p.Neighs[i]); err != nil {
+			return fmt.Errorf("adding the neighbour entry %s lladdr %s dev %s in the pod: %w", n.IP, n.HardwareAddr, ifName, err)
+		}
+	}
+	for i, r := range p.Routes {
+		if err := netlink.RouteReplace(&p.Routes[i]); err != nil {
+			return fmt.Errorf("adding route %s in the pod: %w", routeString(r, ifName), err)
+		}
+	}
+	return nil
 }
 
 // setHostMAC sets HostVethMAC on the host veth name (run it in the node's
@@ -219,34 +209,11 @@ func setHostMAC(name string) error {
 	return nil
 }
 
-// gateways are the gateways of the families in use.
-func gateways(v4, v6 bool) []net.IP {
-	var out []net.IP
-	if v4 {
-		out = append(out, GatewayV4)
-	}
-	if v6 {
-		out = append(out, GatewayV6)
-	}
-	return out
-}
-
-// gatewayNeigh is the pod's permanent neighbour entry for gw on the pod
-// end (link index idx): the host veth answers for it whatever the node's
-// routes are.
-func gatewayNeigh(idx int, gw net.IP) *netlink.Neigh {
-	family := netlink.FAMILY_V4
-	if gw.To4() == nil {
-		family = netlink.FAMILY_V6
-	}
-	return &netlink.Neigh{LinkIndex: idx, Family: family, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: HostVethMAC}
-}
-
 // SetupHost configures the host end in the node's namespace (run it there):
-// its alias, proxy ARP with no delay, forwarding, fe80::1 for IPv6, and a
-// route to every pod address through it, marked with RouteProtocol.
+// its alias, proxy ARP with no delay, forwarding, fe80::1 for IPv6, and
+// the host routes of podRoutes: one to every pod address through it,
+// marked with RouteProtocol.
 func SetupHost(w *Wiring) error {
-	v4, v6 := w.families()
 	link, err := netlinksafe.LinkByName(w.HostVeth)
 	if err != nil {
 		return fmt.Errorf("looking up host veth %s: %w", w.HostVeth, err)
@@ -254,27 +221,13 @@ func SetupHost(w *Wiring) error {
 	if err := netlink.LinkSetAlias(link, w.Alias); err != nil {
 		return fmt.Errorf("setting the alias of %s: %w", w.HostVeth, err)
 	}
-	if v4 {
-		for _, s := range [][2]string{
-			{"net/ipv4/conf/" + w.HostVeth + "/proxy_arp", "1"},
-			{"net/ipv4/neigh/" + w.HostVeth + "/proxy_delay", "0"},
-			{"net/ipv4/conf/" + w.HostVeth + "/forwarding", "1"},
-		} {
-			if err := setSysctl(s[0], s[1]); err != nil {
-				return err
-			}
+	v4, v6 := families(w.IPs)
+	for _, s := range hostSysctls(w.HostVeth, v4, v6) {
+		if err := setSysctl(s[0], s[1]); err != nil {
+			return err
 		}
 	}
 	if v6 {
-		for _, s := range [][2]string{
-			{"net/ipv6/conf/" + w.HostVeth + "/disable_ipv6", "0"},
-			{"net/ipv6/conf/" + w.HostVeth + "/accept_ra", "0"},
-			{"net/ipv6/conf/" + w.HostVeth + "/forwarding", "1"},
-		} {
-			if err := setSysctl(s[0], s[1]); err != nil {
-				return err
-			}
-		}
 		gw := &netlink.Addr{IPNet: &net.IPNet{IP: GatewayV6, Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
 		if err := netlink.AddrReplace(link, gw); err != nil {
 			return fmt.Errorf("adding %s to host veth %s: %w", gw.IPNet, w.HostVeth, err)
@@ -285,21 +238,32 @@ func SetupHost(w *Wiring) error {
 			return fmt.Errorf("bringing %s up: %w", w.HostVeth, err)
 		}
 	}
-	for _, a := range w.IPs {
-		r := hostRoute(link.Attrs().Index, a)
+	for _, r := range podRoutes(0, link.Attrs().Index, w.IPs).HostRoutes {
 		if err := netlink.RouteReplace(&r); err != nil {
-			return fmt.Errorf("adding route %s dev %s: %w", a.String(), w.HostVeth, err)
+			return fmt.Errorf("adding route %s: %w", routeString(r, w.HostVeth), err)
 		}
 	}
 	return nil
 }
 
-func hostRoute(linkIndex int, a net.IPNet) netlink.Route {
-	r := netlink.Route{LinkIndex: linkIndex, Dst: &net.IPNet{IP: a.IP, Mask: a.Mask}, Protocol: RouteProtocol}
-	if a.IP.To4() != nil {
-		r.Scope = netlink.SCOPE_LINK
+// hostSysctls are the sysctls of the host veth for the families in use:
+// IPv4 answers ARP for the gateway by proxy, at once; IPv6 is on without
+// router advertisements, which would add routes tabby does not own.
+func hostSysctls(veth string, v4, v6 bool) [][2]string {
+	var out [][2]string
+	if v4 {
+		out = append(out,
+			[2]string{"net/ipv4/conf/" + veth + "/proxy_arp", "1"},
+			[2]string{"net/ipv4/neigh/" + veth + "/proxy_delay", "0"},
+			[2]string{"net/ipv4/conf/" + veth + "/forwarding", "1"})
 	}
-	return r
+	if v6 {
+		out = append(out,
+			[2]string{"net/ipv6/conf/" + veth + "/disable_ipv6", "0"},
+			[2]string{"net/ipv6/conf/" + veth + "/accept_ra", "0"},
+			[2]string{"net/ipv6/conf/" + veth + "/forwarding", "1"})
+	}
+	return out
 }
 
 // DeleteHostVeth deletes the host veth of an attachment in the node's

@@ -419,6 +419,42 @@ func TestCNICheckFails(t *testing.T) {
 			t.Errorf("CHECK after deleting the gateway's neighbour entry: %v", err)
 		}
 	})
+	t.Run("pod's default route removed", func(t *testing.T) {
+		pod := newPod(t, n, "", nil)
+		n.mustAdd(t, list, pod)
+		err := pod.NS.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: plugin.GatewayV4})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), "the pod lacks its route default via 169.254.1.1 dev eth0 onlink") {
+			t.Errorf("CHECK after deleting the pod's default route: %v", err)
+		}
+	})
+	t.Run("host route removed", func(t *testing.T) {
+		pod := newPod(t, n, "", nil)
+		res := n.mustAdd(t, list, pod)
+		veth := res.Interfaces[0].Name
+		err := n.Do(func() error {
+			l, err := netlink.LinkByName(veth)
+			if err != nil {
+				return err
+			}
+			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &res.IPs[0].Address, Scope: netlink.SCOPE_LINK})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "the node lacks the route " + res.IPs[0].Address.String() + " dev " + veth + " proto 80 scope link"
+		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("CHECK after deleting the host route: %v, want %q", err, want)
+		}
+	})
 	t.Run("host veth MAC changed", func(t *testing.T) {
 		pod := newPod(t, n, "", nil)
 		res := n.mustAdd(t, list, pod)
