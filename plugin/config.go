@@ -190,7 +190,25 @@ func LoadConfig(data []byte) (*Config, error) {
 			fmt.Sprintf("tabby: the network config is not valid JSON of the expected shape: %v", err),
 			"keys and types: kubeconfig (string), nodename (string), mtu (number), logLevel (string), logFormat (string), logFile (string), logFileMaxSize, logFileMaxBackups and logFileMaxAge (numbers), timeout (duration string), ipam (object with type, assignIPv4, assignIPv6)")
 	}
-	c := &Config{
+	c := configOf(&nc, data)
+	// Each step checks and completes its part of c, in an order the keys
+	// depend on (the MTU check needs the families, the lock file the node
+	// name); the first error wins.
+	for _, step := range []func(*NetConf) error{
+		c.loadNetwork, c.loadMTU, c.loadLogging, c.loadTimeouts,
+		c.loadNode, c.loadAgent, c.loadPools, c.loadPrevResult,
+	} {
+		if err := step(&nc); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// configOf takes the keys of nc as they are, the ipam section's winning
+// over the top level's (for tabby-ipam under another plugin).
+func configOf(nc *NetConf, data []byte) *Config {
+	return &Config{
 		Raw:        data,
 		Name:       nc.Name,
 		CNIVersion: nc.CNIVersion,
@@ -212,14 +230,19 @@ func LoadConfig(data []byte) (*Config, error) {
 
 		ValidAttachments: nc.ValidAttachments,
 	}
+}
+
+// loadNetwork checks the network's name and IPAM and which families a pod
+// gets.
+func (c *Config) loadNetwork(nc *NetConf) error {
 	if c.Name == "" {
-		return nil, ConfigError("tabby: the network config has no \"name\": give the network a name such as \"k8s-pod-network\"")
+		return ConfigError("tabby: the network config has no \"name\": give the network a name such as \"k8s-pod-network\"")
 	}
 	if c.CNIVersion == "" {
 		c.CNIVersion = "0.1.0"
 	}
 	if c.IPAMType == "" {
-		return nil, ConfigError("tabby: the network config has no \"ipam\" section with a \"type\": use \"ipam\": {\"type\": \"tabby-ipam\"}")
+		return ConfigError("tabby: the network config has no \"ipam\" section with a \"type\": use \"ipam\": {\"type\": \"tabby-ipam\"}")
 	}
 	if nc.IPAM.AssignIPv4 != nil {
 		c.IPv4 = *nc.IPAM.AssignIPv4
@@ -228,55 +251,83 @@ func LoadConfig(data []byte) (*Config, error) {
 		c.IPv6 = *nc.IPAM.AssignIPv6
 	}
 	if c.TabbyIPAM() && !c.IPv4 && !c.IPv6 {
-		return nil, ConfigError("tabby: ipam.assignIPv4 and ipam.assignIPv6 are both false, so a pod would get no address: set at least one of them to true")
+		return ConfigError("tabby: ipam.assignIPv4 and ipam.assignIPv6 are both false, so a pod would get no address: set at least one of them to true")
 	}
+	return nil
+}
+
+// loadMTU checks a configured MTU against the families in use.
+func (c *Config) loadMTU(*NetConf) error {
 	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
-		return nil, ConfigError("tabby: mtu %d is out of range: use 0 to detect it, or a value from 68 to 65535 (1280 or more with IPv6)", c.MTU)
+		return ConfigError("tabby: mtu %d is out of range: use 0 to detect it, or a value from 68 to 65535 (1280 or more with IPv6)", c.MTU)
 	}
 	if c.MTU != 0 && c.IPv6 && c.MTU < 1280 {
-		return nil, ConfigError("tabby: mtu %d is too small for IPv6 (ipam.assignIPv6 is true): use at least 1280, or 0 to detect it", c.MTU)
+		return ConfigError("tabby: mtu %d is too small for IPv6 (ipam.assignIPv6 is true): use at least 1280, or 0 to detect it", c.MTU)
 	}
+	return nil
+}
+
+// loadLogging checks the log level and format and takes the log file.
+func (c *Config) loadLogging(nc *NetConf) error {
 	switch c.LogLevel {
 	case "", "debug", "info", "warn", "warning", "error":
 	default:
-		return nil, ConfigError("tabby: logLevel %q is not known: use debug, info, warn or error (or leave it out for no logging)", c.LogLevel)
+		return ConfigError("tabby: logLevel %q is not known: use debug, info, warn or error (or leave it out for no logging)", c.LogLevel)
 	}
 	if err := logging.CheckFormat(c.LogFormat); err != nil {
-		return nil, ConfigError("tabby: logFormat: %v (or leave it out for text)", err)
+		return ConfigError("tabby: logFormat: %v (or leave it out for text)", err)
 	}
-	lf, err := logFileOf(nc)
+	lf, err := logFileOf(*nc)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	c.Log = lf
+	return nil
+}
+
+// loadTimeouts parses the command timeout and the policy wait.
+func (c *Config) loadTimeouts(nc *NetConf) error {
 	c.Timeout = DefaultTimeout
 	if t := firstNonEmpty(nc.IPAM.Timeout, nc.Timeout); t != "" {
 		d, err := time.ParseDuration(t)
 		if err != nil || d <= 0 {
-			return nil, ConfigError("tabby: timeout %q is not a positive duration: write it like \"30s\" or \"2m\"", t)
+			return ConfigError("tabby: timeout %q is not a positive duration: write it like \"30s\" or \"2m\"", t)
 		}
 		c.Timeout = d
 	}
 	if t := nc.PolicyWaitTimeout; t != "" {
 		d, err := time.ParseDuration(t)
 		if err != nil || d < 0 {
-			return nil, ConfigError("tabby: policyWaitTimeout %q is not a duration: write it like \"10s\", or \"0s\" not to wait for tabbyd to program the pod's NetworkPolicy", t)
+			return ConfigError("tabby: policyWaitTimeout %q is not a duration: write it like \"10s\", or \"0s\" not to wait for tabbyd to program the pod's NetworkPolicy", t)
 		}
 		c.PolicyWaitTimeout = d
 	}
+	return nil
+}
+
+// loadNode takes the node's name (the host name by default) and the IPAM
+// lock named after it.
+func (c *Config) loadNode(*NetConf) error {
 	if c.NodeName == "" {
 		h, err := hostname()
 		if err != nil {
-			return nil, ConfigError("tabby: no \"nodename\" in the config and the host name is unknown (%v): set \"nodename\" to this node's Kubernetes name", err)
+			return ConfigError("tabby: no \"nodename\" in the config and the host name is unknown (%v): set \"nodename\" to this node's Kubernetes name", err)
 		}
 		c.NodeName = strings.ToLower(h)
 	}
 	if len(c.NodeName) > 253 || !nodeNameRE.MatchString(c.NodeName) {
-		return nil, ConfigError("tabby: nodename %q is not a valid Kubernetes node name (lower-case letters, digits, '-' and '.'): set \"nodename\" to the node's name as kubectl get nodes shows it", c.NodeName)
+		return ConfigError("tabby: nodename %q is not a valid Kubernetes node name (lower-case letters, digits, '-' and '.'): set \"nodename\" to the node's name as kubectl get nodes shows it", c.NodeName)
 	}
 	if c.LockFile == "" {
 		c.LockFile = DefaultLockDir + "/ipam-" + c.NodeName + ".lock"
 	}
+	return nil
+}
+
+// loadAgent takes tabbyd's socket: "" set on purpose means never ask
+// tabbyd, so the keys are pointers and only a missing one takes the
+// default.
+func (c *Config) loadAgent(nc *NetConf) error {
 	c.AgentSocket = agentapi.DefaultSocket
 	for _, s := range []*string{nc.IPAM.AgentSocket, nc.AgentSocket} {
 		if s != nil {
@@ -285,23 +336,35 @@ func LoadConfig(data []byte) (*Config, error) {
 		}
 	}
 	if c.AgentSocket != "" && !filepath.IsAbs(c.AgentSocket) {
-		return nil, ConfigError("tabby: agentSocket %q is not an absolute path: use tabbyd's --cni-socket (default %s), or \"\" to never ask tabbyd", c.AgentSocket, agentapi.DefaultSocket)
+		return ConfigError("tabby: agentSocket %q is not an absolute path: use tabbyd's --cni-socket (default %s), or \"\" to never ask tabbyd", c.AgentSocket, agentapi.DefaultSocket)
 	}
 	if c.PolicyWaitRequired && c.AgentSocket == "" {
-		return nil, ConfigError("tabby: policyWaitRequired is set but agentSocket is \"\", so tabbyd can never be asked: name tabbyd's --cni-socket in agentSocket, or drop policyWaitRequired")
+		return ConfigError("tabby: policyWaitRequired is set but agentSocket is \"\", so tabbyd can never be asked: name tabbyd's --cni-socket in agentSocket, or drop policyWaitRequired")
 	}
+	return nil
+}
+
+// loadPools checks the pool names.
+func (c *Config) loadPools(*NetConf) error {
 	for _, p := range append(append([]string(nil), c.IPv4Pools...), c.IPv6Pools...) {
 		if p == "" {
-			return nil, ConfigError("tabby: ipam.ipv4Pools/ipv6Pools contains an empty pool name: list IPPool names such as \"default-ipv4\"")
+			return ConfigError("tabby: ipam.ipv4Pools/ipv6Pools contains an empty pool name: list IPPool names such as \"default-ipv4\"")
 		}
 	}
-	if nc.RawPrevResult != nil {
-		if err := version.ParsePrevResult(&nc.NetConf); err != nil {
-			return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("tabby: cannot parse prevResult: %v", err), "")
-		}
-		c.PrevResult = nc.PrevResult
+	return nil
+}
+
+// loadPrevResult parses the previous plugin's result (CHECK, DEL, chained
+// ADD) in the config's version.
+func (c *Config) loadPrevResult(nc *NetConf) error {
+	if nc.RawPrevResult == nil {
+		return nil
 	}
-	return c, nil
+	if err := version.ParsePrevResult(&nc.NetConf); err != nil {
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("tabby: cannot parse prevResult: %v", err), "")
+	}
+	c.PrevResult = nc.PrevResult
+	return nil
 }
 
 // LogFile is where a plugin logs, and how the file is rotated.
