@@ -394,11 +394,7 @@ func CmdDel(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 		}
 	}
 	if c.TabbyIPAM() {
-		alloc, err := d.allocator(ctx, c, log)
-		if err != nil {
-			return nil, err
-		}
-		if err := ipamRelease(ctx, c, c.HandleID(args.ContainerID), alloc); err != nil {
+		if _, err := IPAMDel(ctx, args, c, d, log); err != nil {
 			return nil, err
 		}
 	} else if err := cniipam.ExecDel(c.IPAMType, c.Raw); err != nil {
@@ -423,30 +419,11 @@ func CmdCheck(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *s
 	if err != nil {
 		return nil, err
 	}
-	podIdx := -1
-	for i, intf := range prev.Interfaces {
-		if intf.Name == args.IfName && intf.Sandbox != "" {
-			podIdx = i
-		}
+	w, err := prevWiring(prev, args)
+	if err != nil {
+		return nil, err
 	}
-	if podIdx < 0 {
-		return nil, fmt.Errorf("tabby: prevResult has no interface %s in a sandbox", args.IfName)
-	}
-	if prev.Interfaces[podIdx].Sandbox != args.Netns {
-		return nil, fmt.Errorf("tabby: prevResult puts %s in %s, but CHECK names %s", args.IfName, prev.Interfaces[podIdx].Sandbox, args.Netns)
-	}
-	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att), MTU: prev.Interfaces[podIdx].Mtu}
-	var ips []net.IP
-	for _, ipc := range prev.IPs {
-		if ipc.Interface != nil && *ipc.Interface != podIdx {
-			continue
-		}
-		w.IPs = append(w.IPs, hostPrefix(ipc.Address.IP))
-		ips = append(ips, ipc.Address.IP)
-	}
-	if len(w.IPs) == 0 {
-		return nil, fmt.Errorf("tabby: prevResult has no address for %s", args.IfName)
-	}
+	w.HostVeth, w.Alias = hostVeth, VethAlias(att)
 	podNS, err := ns.GetNS(args.Netns)
 	if err != nil {
 		return nil, fmt.Errorf("tabby: opening the pod's network namespace %q: %w", args.Netns, err)
@@ -463,13 +440,49 @@ func CmdCheck(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *s
 		if err != nil {
 			return nil, err
 		}
-		if err := ipamCheck(ctx, c, c.HandleID(args.ContainerID), ips, alloc); err != nil {
+		if err := ipamCheck(ctx, c, c.HandleID(args.ContainerID), addrIPs(w.IPs), alloc); err != nil {
 			return nil, err
 		}
 	} else if err := cniipam.ExecCheck(c.IPAMType, c.Raw); err != nil {
 		return nil, err
 	}
 	return nil, nil
+}
+
+// prevWiring is the pod end that ADD's result (prev) reports for the
+// interface CHECK names: its MTU and addresses.
+func prevWiring(prev *current.Result, args *skel.CmdArgs) (*Wiring, error) {
+	podIdx := -1
+	for i, intf := range prev.Interfaces {
+		if intf.Name == args.IfName && intf.Sandbox != "" {
+			podIdx = i
+		}
+	}
+	if podIdx < 0 {
+		return nil, fmt.Errorf("tabby: prevResult has no interface %s in a sandbox", args.IfName)
+	}
+	if prev.Interfaces[podIdx].Sandbox != args.Netns {
+		return nil, fmt.Errorf("tabby: prevResult puts %s in %s, but CHECK names %s", args.IfName, prev.Interfaces[podIdx].Sandbox, args.Netns)
+	}
+	w := &Wiring{IfName: args.IfName, MTU: prev.Interfaces[podIdx].Mtu}
+	for _, ipc := range prev.IPs {
+		if ipc.Interface == nil || *ipc.Interface == podIdx {
+			w.IPs = append(w.IPs, hostPrefix(ipc.Address.IP))
+		}
+	}
+	if len(w.IPs) == 0 {
+		return nil, fmt.Errorf("tabby: prevResult has no address for %s", args.IfName)
+	}
+	return w, nil
+}
+
+// addrIPs are the IPs of addrs.
+func addrIPs(addrs []net.IPNet) []net.IP {
+	out := make([]net.IP, 0, len(addrs))
+	for _, a := range addrs {
+		out = append(out, a.IP)
+	}
+	return out
 }
 
 // CmdGC deletes the host veths of this network whose attachment is not in
@@ -517,9 +530,5 @@ func CmdStatus(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *
 	if !c.TabbyIPAM() {
 		return nil, invoke.DelegateStatus(ctx, c.IPAMType, c.Raw, nil)
 	}
-	alloc, err := d.allocator(ctx, c, log)
-	if err != nil {
-		return nil, types.NewError(ErrPluginNotAvailable, err.Error(), "")
-	}
-	return nil, ipamStatus(ctx, c, alloc)
+	return IPAMStatus(ctx, args, c, d, log)
 }

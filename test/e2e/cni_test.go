@@ -372,123 +372,92 @@ func TestCNICheckFails(t *testing.T) {
 	n := newNode(t)
 	n.addPool(t, 4, nil)
 	list := conflist(t, "1.1.0", n.TabbyConf(nil))
+	// onPod and onHost run f on the pod end and on the host veth.
+	onPod := func(pod *testnet.Pod, f func(netlink.Link) error) error {
+		return pod.NS.Do(func(ns.NetNS) error { return onLink("eth0", f) })
+	}
+	onHost := func(res *current.Result, f func(netlink.Link) error) error {
+		return n.Do(func() error { return onLink(res.Interfaces[0].Name, f) })
+	}
+	addr := func(res *current.Result) *net.IPNet { return &res.IPs[0].Address }
+	for _, tc := range []struct {
+		name   string
+		damage func(*testnet.Pod, *current.Result) error
+		want   func(*current.Result) string
+	}{{
+		name: "address removed from the pod",
+		damage: func(pod *testnet.Pod, res *current.Result) error {
+			return onPod(pod, func(l netlink.Link) error { return netlink.AddrDel(l, &netlink.Addr{IPNet: addr(res)}) })
+		},
+		want: func(res *current.Result) string { return "lacks its address " + addr(res).String() },
+	}, {
+		name: "address released in IPAM",
+		damage: func(pod *testnet.Pod, _ *current.Result) error {
+			return n.ipam.ReleaseHandle(context.Background(), pod.HandleID(), n.Name)
+		},
+		want: func(res *current.Result) string { return "IPAM no longer holds " + addr(res).IP.String() },
+	}, {
+		name: "gateway neighbour entry removed",
+		damage: func(pod *testnet.Pod, _ *current.Result) error {
+			return onPod(pod, func(l netlink.Link) error {
+				return netlink.NeighDel(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, IP: plugin.GatewayV4})
+			})
+		},
+		want: func(*current.Result) string { return "lacks its permanent neighbour entry 169.254.1.1" },
+	}, {
+		name: "pod's default route removed",
+		damage: func(pod *testnet.Pod, _ *current.Result) error {
+			return onPod(pod, func(l netlink.Link) error {
+				return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: plugin.GatewayV4})
+			})
+		},
+		want: func(*current.Result) string { return "the pod lacks its route default via 169.254.1.1 dev eth0 onlink" },
+	}, {
+		name: "host route removed",
+		damage: func(_ *testnet.Pod, res *current.Result) error {
+			return onHost(res, func(l netlink.Link) error {
+				return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: addr(res), Scope: netlink.SCOPE_LINK})
+			})
+		},
+		want: func(res *current.Result) string {
+			return "the node lacks the route " + addr(res).String() + " dev " + res.Interfaces[0].Name + " proto 80 scope link"
+		},
+	}, {
+		name: "host veth MAC changed",
+		damage: func(_ *testnet.Pod, res *current.Result) error {
+			return onHost(res, func(l netlink.Link) error {
+				return netlink.LinkSetHardwareAddr(l, net.HardwareAddr{0x02, 0, 0, 0, 0, 1})
+			})
+		},
+		want: func(*current.Result) string { return "has MAC 02:00:00:00:00:01" },
+	}, {
+		name: "host veth deleted",
+		damage: func(_ *testnet.Pod, res *current.Result) error {
+			return onHost(res, netlink.LinkDel)
+		},
+		want: func(*current.Result) string { return "no interface eth0" },
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := newPod(t, n, "", nil)
+			res := n.mustAdd(t, list, pod)
+			if err := tc.damage(pod, res); err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want(res)
+			if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("CHECK: %v, want an error saying %q", err, want)
+			}
+		})
+	}
+}
 
-	t.Run("address removed from the pod", func(t *testing.T) {
-		pod := newPod(t, n, "", nil)
-		res := n.mustAdd(t, list, pod)
-		err := pod.NS.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			return netlink.AddrDel(l, &netlink.Addr{IPNet: &res.IPs[0].Address})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = n.Check(ctxT(t), list, pod, nil)
-		if err == nil || !strings.Contains(err.Error(), "lacks its address "+res.IPs[0].Address.String()) {
-			t.Errorf("CHECK after removing the address: %v", err)
-		}
-	})
-	t.Run("address released in IPAM", func(t *testing.T) {
-		pod := newPod(t, n, "", nil)
-		res := n.mustAdd(t, list, pod)
-		if err := n.ipam.ReleaseHandle(context.Background(), pod.HandleID(), n.Name); err != nil {
-			t.Fatal(err)
-		}
-		err := n.Check(ctxT(t), list, pod, nil)
-		if err == nil || !strings.Contains(err.Error(), "IPAM no longer holds "+res.IPs[0].Address.IP.String()) {
-			t.Errorf("CHECK after releasing the address: %v", err)
-		}
-	})
-	t.Run("gateway neighbour entry removed", func(t *testing.T) {
-		pod := newPod(t, n, "", nil)
-		n.mustAdd(t, list, pod)
-		err := pod.NS.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			return netlink.NeighDel(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, IP: plugin.GatewayV4})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), "lacks its permanent neighbour entry 169.254.1.1") {
-			t.Errorf("CHECK after deleting the gateway's neighbour entry: %v", err)
-		}
-	})
-	t.Run("pod's default route removed", func(t *testing.T) {
-		pod := newPod(t, n, "", nil)
-		n.mustAdd(t, list, pod)
-		err := pod.NS.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: plugin.GatewayV4})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), "the pod lacks its route default via 169.254.1.1 dev eth0 onlink") {
-			t.Errorf("CHECK after deleting the pod's default route: %v", err)
-		}
-	})
-	t.Run("host route removed", func(t *testing.T) {
-		pod := newPod(t, n, "", nil)
-		res := n.mustAdd(t, list, pod)
-		veth := res.Interfaces[0].Name
-		err := n.Do(func() error {
-			l, err := netlink.LinkByName(veth)
-			if err != nil {
-				return err
-			}
-			return netlink.RouteDel(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &res.IPs[0].Address, Scope: netlink.SCOPE_LINK})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := "the node lacks the route " + res.IPs[0].Address.String() + " dev " + veth + " proto 80 scope link"
-		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("CHECK after deleting the host route: %v, want %q", err, want)
-		}
-	})
-	t.Run("host veth MAC changed", func(t *testing.T) {
-		pod := newPod(t, n, "", nil)
-		res := n.mustAdd(t, list, pod)
-		err := n.Do(func() error {
-			l, err := netlink.LinkByName(res.Interfaces[0].Name)
-			if err != nil {
-				return err
-			}
-			return netlink.LinkSetHardwareAddr(l, net.HardwareAddr{0x02, 0, 0, 0, 0, 1})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), "has MAC 02:00:00:00:00:01") {
-			t.Errorf("CHECK after changing the host veth's MAC: %v", err)
-		}
-	})
-	t.Run("host veth deleted", func(t *testing.T) {
-		pod := newPod(t, n, "", nil)
-		res := n.mustAdd(t, list, pod)
-		err := n.Do(func() error {
-			l, err := netlink.LinkByName(res.Interfaces[0].Name)
-			if err != nil {
-				return err
-			}
-			return netlink.LinkDel(l)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.Check(ctxT(t), list, pod, nil); err == nil || !strings.Contains(err.Error(), "no interface eth0") {
-			t.Errorf("CHECK after deleting the veth: %v", err)
-		}
-	})
+// onLink runs f on the link named name in the current namespace.
+func onLink(name string, f func(netlink.Link) error) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return f(l)
 }
 
 // TestCNIParallelAdds: 50 ADDs at once on one node get 50 different
