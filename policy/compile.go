@@ -176,84 +176,117 @@ func labelKey(ns string, l map[string]string) string {
 	return b.String()
 }
 
-func (c *compiler) loadEndpoints() {
-	type raw struct {
-		ep  *Endpoint
-		key string
-	}
-	var rs []raw
-	for i := range c.in.Endpoints {
-		e := &c.in.Endpoints[i]
-		if e.Pod == nil || e.Pod.Spec.HostNetwork {
-			continue // hostNetwork pods are the node, not endpoints
-		}
-		rs = append(rs, raw{e, e.Pod.Namespace + "/" + e.Pod.Name})
-	}
-	slices.SortStableFunc(rs, func(a, b raw) int { return strings.Compare(a.key, b.key) })
+// endpointIn is an input endpoint and its namespace/name key.
+type endpointIn struct {
+	ep  *Endpoint
+	key string
+}
 
-	type ipRef struct {
-		a  netip.Addr
-		ep int
-	}
-	var ips []ipRef
-	ifaces := map[string]string{}
+// addrRef is one address of the endpoint c.eps[ep].
+type addrRef struct {
+	a  netip.Addr
+	ep int
+}
+
+// loadEndpoints reads the input's endpoints into c.eps, in key order:
+// the local ones (with a valid host veth) into c.locals, all grouped by
+// namespace and labels, their addresses ranked and named ports listed.
+func (c *compiler) loadEndpoints() {
+	var ips []addrRef
+	ifaces := map[string]string{} // host veth → the key of the pod that has it
 	groups := map[string]*group{}
-	for _, r := range rs {
+	for _, r := range c.sortedEndpoints() {
 		if len(c.eps) > 0 && c.eps[len(c.eps)-1].key == r.key {
 			continue // a duplicate: the first one wins
 		}
 		pod := r.ep.Pod
 		ep := &endpoint{idx: len(c.eps), key: r.key, ns: pod.Namespace, labels: labels.Set(pod.Labels), pod: pod}
-		idx := len(c.eps)
 		c.eps = append(c.eps, ep)
-		seen := map[netip.Addr]bool{}
-		for _, a := range r.ep.IPs {
-			a = a.Unmap().WithZone("")
-			if !a.IsValid() || a.IsUnspecified() || seen[a] {
-				continue
-			}
-			seen[a] = true
-			ips = append(ips, ipRef{a, idx})
-		}
+		ips = appendAddrs(ips, ep.idx, r.ep.IPs)
 		if r.ep.HostIface != "" {
-			switch other, dup := ifaces[r.ep.HostIface]; {
-			case !validIfaceChars(r.ep.HostIface, 15) || r.ep.HostIface == "." || r.ep.HostIface == ".." || !strings.HasPrefix(r.ep.HostIface, c.prefix) ||
-				c.excludeDevices() && strings.HasPrefix(r.ep.HostIface, DeviceIfacePrefix):
-				c.problem(KindPod, pod.Namespace, pod.Name, fmt.Sprintf(
-					"host interface %q is not a pod veth name (%q and up to %d of [A-Za-z0-9_.-], not %q…): the pod's traffic is not policed until its endpoint names its host veth correctly",
-					r.ep.HostIface, c.prefix, 15-len(c.prefix), DeviceIfacePrefix))
-			case dup:
-				c.problem(KindPod, pod.Namespace, pod.Name, fmt.Sprintf(
-					"host interface %q is also the interface of pod %s: the pod is not programmed until only one local pod has it (a stale endpoint?)",
-					r.ep.HostIface, other))
-			default:
-				ifaces[r.ep.HostIface] = r.key
-				ep.iface = r.ep.HostIface
-				ep.local = true
-				c.locals = append(c.locals, ep)
-			}
+			c.claimIface(ep, r.ep.HostIface, ifaces)
 		}
 		gk := labelKey(ep.ns, ep.labels)
-		g := groups[gk]
-		if g == nil {
-			g = &group{labels: ep.labels}
-			groups[gk] = g
-			c.byNs[ep.ns] = append(c.byNs[ep.ns], g)
-		}
-		g.eps = append(g.eps, ep)
+		joinGroup(groups, c.byNs, gk, ep)
 		if ep.local {
-			lk := "L" + gk
-			lg := groups[lk]
-			if lg == nil {
-				lg = &group{labels: ep.labels}
-				groups[lk] = lg
-				c.localNs[ep.ns] = append(c.localNs[ep.ns], lg)
-			}
-			lg.eps = append(lg.eps, ep)
+			joinGroup(groups, c.localNs, "L"+gk, ep)
 		}
 		c.nsLabelsOf(ep.ns)
 	}
+	c.rankAddrs(ips)
+	c.stamp = make([]int, len(c.eps))
+	for _, ep := range c.eps {
+		if len(ep.ranks) > 0 {
+			c.addNamedPorts(ep)
+		}
+	}
+}
 
+// sortedEndpoints are the input's endpoints that are pods, stably sorted
+// by key.
+func (c *compiler) sortedEndpoints() []endpointIn {
+	var rs []endpointIn
+	for i := range c.in.Endpoints {
+		e := &c.in.Endpoints[i]
+		if e.Pod == nil || e.Pod.Spec.HostNetwork {
+			continue // hostNetwork pods are the node, not endpoints
+		}
+		rs = append(rs, endpointIn{e, e.Pod.Namespace + "/" + e.Pod.Name})
+	}
+	slices.SortStableFunc(rs, func(a, b endpointIn) int { return strings.Compare(a.key, b.key) })
+	return rs
+}
+
+// appendAddrs appends endpoint idx's usable addresses, each once.
+func appendAddrs(ips []addrRef, idx int, addrs []netip.Addr) []addrRef {
+	seen := map[netip.Addr]bool{}
+	for _, a := range addrs {
+		a = a.Unmap().WithZone("")
+		if !a.IsValid() || a.IsUnspecified() || seen[a] {
+			continue
+		}
+		seen[a] = true
+		ips = append(ips, addrRef{a, idx})
+	}
+	return ips
+}
+
+// claimIface makes ep local with the host veth iface, unless the name is
+// not a pod veth's or another local pod (in ifaces) has it: then the pod
+// is reported and not programmed.
+func (c *compiler) claimIface(ep *endpoint, iface string, ifaces map[string]string) {
+	switch other, dup := ifaces[iface]; {
+	case !validIfaceChars(iface, 15) || iface == "." || iface == ".." || !strings.HasPrefix(iface, c.prefix) ||
+		c.excludeDevices() && strings.HasPrefix(iface, DeviceIfacePrefix):
+		c.problem(KindPod, ep.pod.Namespace, ep.pod.Name, fmt.Sprintf(
+			"host interface %q is not a pod veth name (%q and up to %d of [A-Za-z0-9_.-], not %q…): the pod's traffic is not policed until its endpoint names its host veth correctly",
+			iface, c.prefix, 15-len(c.prefix), DeviceIfacePrefix))
+	case dup:
+		c.problem(KindPod, ep.pod.Namespace, ep.pod.Name, fmt.Sprintf(
+			"host interface %q is also the interface of pod %s: the pod is not programmed until only one local pod has it (a stale endpoint?)",
+			iface, other))
+	default:
+		ifaces[iface] = ep.key
+		ep.iface = iface
+		ep.local = true
+		c.locals = append(c.locals, ep)
+	}
+}
+
+// joinGroup adds ep to groups[key], making the group and listing it under
+// ep's namespace in byNs when it is new.
+func joinGroup(groups map[string]*group, byNs map[string][]*group, key string, ep *endpoint) {
+	g := groups[key]
+	if g == nil {
+		g = &group{labels: ep.labels}
+		groups[key] = g
+		byNs[ep.ns] = append(byNs[ep.ns], g)
+	}
+	g.eps = append(g.eps, ep)
+}
+
+// rankAddrs fills c.addrs and each endpoint's ranks.
+func (c *compiler) rankAddrs(ips []addrRef) {
 	// Addresses sorted once, as strings; sets hold ranks, so their
 	// members come out sorted by sorting integers.
 	type ipStr struct {
@@ -283,35 +316,32 @@ func (c *compiler) loadEndpoints() {
 		ep := c.eps[r.ep]
 		ep.ranks = append(ep.ranks, len(c.addrs)-1)
 	}
-	c.stamp = make([]int, len(c.eps))
+}
 
-	// Named ports: the first port of a name and protocol in the pod's
-	// containers, then its sidecars, as Kubernetes resolves them.
-	for _, ep := range c.eps {
-		if len(ep.ranks) == 0 {
-			continue
-		}
-		seen := map[string]bool{}
-		add := func(ports []corev1.ContainerPort) {
-			for _, p := range ports {
-				if p.Name == "" || p.ContainerPort < 1 || p.ContainerPort > 65535 {
-					continue
-				}
-				proto, ok := protoName(p.Protocol)
-				if !ok || seen[p.Name+"/"+proto] {
-					continue
-				}
-				seen[p.Name+"/"+proto] = true
-				c.named[p.Name] = append(c.named[p.Name], namedEntry{ranks: ep.ranks, local: ep.local, proto: proto, port: p.ContainerPort})
+// addNamedPorts lists ep's named ports in c.named: the first port of a
+// name and protocol in the pod's containers, then its sidecars, as
+// Kubernetes resolves them.
+func (c *compiler) addNamedPorts(ep *endpoint) {
+	seen := map[string]bool{}
+	add := func(ports []corev1.ContainerPort) {
+		for _, p := range ports {
+			if p.Name == "" || p.ContainerPort < 1 || p.ContainerPort > 65535 {
+				continue
 			}
+			proto, ok := protoName(p.Protocol)
+			if !ok || seen[p.Name+"/"+proto] {
+				continue
+			}
+			seen[p.Name+"/"+proto] = true
+			c.named[p.Name] = append(c.named[p.Name], namedEntry{ranks: ep.ranks, local: ep.local, proto: proto, port: p.ContainerPort})
 		}
-		for _, ct := range ep.pod.Spec.Containers {
+	}
+	for _, ct := range ep.pod.Spec.Containers {
+		add(ct.Ports)
+	}
+	for _, ct := range ep.pod.Spec.InitContainers {
+		if ct.RestartPolicy != nil && *ct.RestartPolicy == corev1.ContainerRestartPolicyAlways {
 			add(ct.Ports)
-		}
-		for _, ct := range ep.pod.Spec.InitContainers {
-			if ct.RestartPolicy != nil && *ct.RestartPolicy == corev1.ContainerRestartPolicyAlways {
-				add(ct.Ports)
-			}
 		}
 	}
 }

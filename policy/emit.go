@@ -64,12 +64,27 @@ func (s *signature) setName(fam int) string {
 	return hashedSetName(setKindIngress, fam, s.hash)
 }
 
+// emit builds the Ruleset from the selected policies: the policies' own
+// chains, then per family the fixed chains, the dispatch to a chain per
+// signature and those chains; everything sorted so equal inputs give equal
+// output.
 func (c *compiler) emit() *Ruleset {
-	pre := c.prefix + "+"
-	dev := "" // tabby's own devices, when the veth prefix covers them
-	if c.excludeDevices() {
-		dev = DeviceIfacePrefix + "+"
+	sigs := c.signatures()
+	for _, p := range c.policies {
+		c.policyChains(p)
 	}
+	for fam, family := range families {
+		c.emitFamily(fam, family, sigs)
+	}
+	c.sortRuleset()
+	rs := c.rs
+	return &rs
+}
+
+// signatures groups the local pods by the policies selecting them, one
+// signature per direction and combination, in name order, and lists the
+// local pods as programmed.
+func (c *compiler) signatures() []*signature {
 	sigs := map[string]*signature{}
 	sigOf := func(dir direction, pols []*cpolicy) *signature {
 		keys := make([]string, len(pols))
@@ -100,101 +115,139 @@ func (c *compiler) emit() *Ruleset {
 		}
 		c.rs.Programmed = append(c.rs.Programmed, ep.key)
 	}
+	names := slices.Sorted(maps.Keys(sigs))
+	out := make([]*signature, len(names))
+	for i, n := range names {
+		out[i] = sigs[n]
+	}
+	return out
+}
 
+// ifaceMatches are the -i/-o arguments for local pods' veths (pre) and,
+// when the veth prefix covers them, tabby's own devices (dev, else "").
+func (c *compiler) ifaceMatches() (pre, dev string) {
+	pre = c.prefix + "+"
+	if c.excludeDevices() {
+		dev = DeviceIfacePrefix + "+"
+	}
+	return pre, dev
+}
+
+// emitFamily adds the chains of one family.
+func (c *compiler) emitFamily(fam int, family string, sigs []*signature) {
+	add := func(name string, rules [][]string) {
+		c.rs.Chains = append(c.rs.Chains, Chain{Name: name, Family: family, Rules: rules})
+	}
+	pre, dev := c.ifaceMatches()
+	add(ChainForward, forwardRules(pre, dev))
+	add(ChainPod, podRules(pre))
+	from, to := c.dispatchRules(fam, family, dev, sigs)
+	add(ChainFromPod, from)
+	add(ChainToPod, to)
+	for _, s := range sigs {
+		add(s.name, s.rules())
+	}
 	for _, p := range c.policies {
-		c.policyChains(p)
-	}
-
-	sigNames := make([]string, 0, len(sigs))
-	for n := range sigs {
-		sigNames = append(sigNames, n)
-	}
-	sort.Strings(sigNames)
-
-	for fam, family := range families {
-		add := func(name string, rules [][]string) {
-			c.rs.Chains = append(c.rs.Chains, Chain{Name: name, Family: family, Rules: rules})
+		for _, dir := range allDirections {
+			if p.used[dir] {
+				add(p.chain(dir), p.rules[dir][fam])
+			}
 		}
-		if dev != "" {
-			add(ChainForward, [][]string{
-				{"-i", dev, "-o", dev, "-j", "RETURN"},
-				{"-i", dev, "-o", pre, "-j", ChainPod},
-				{"-i", dev, "-j", "RETURN"},
-				{"-i", pre, "-j", ChainPod},
-				{"-o", dev, "-j", "RETURN"},
-				{"-o", pre, "-j", ChainPod},
-			})
+	}
+}
+
+// forwardRules send traffic in from or out to a local pod's veth to
+// ChainPod, letting tabby's own devices (dev, when not "") pass.
+func forwardRules(pre, dev string) [][]string {
+	if dev == "" {
+		return [][]string{
+			{"-i", pre, "-j", ChainPod},
+			{"-o", pre, "-j", ChainPod},
+		}
+	}
+	return [][]string{
+		{"-i", dev, "-o", dev, "-j", "RETURN"},
+		{"-i", dev, "-o", pre, "-j", ChainPod},
+		{"-i", dev, "-j", "RETURN"},
+		{"-i", pre, "-j", ChainPod},
+		{"-o", dev, "-j", "RETURN"},
+		{"-o", pre, "-j", ChainPod},
+	}
+}
+
+func podRules(pre string) [][]string {
+	return [][]string{
+		{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
+		{"-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"},
+		{"-i", pre, "-j", ChainFromPod},
+		{"-o", pre, "-j", ChainToPod},
+		{"-j", "MARK", "--set-xmark", markClear},
+		{"-j", "ACCEPT"},
+	}
+}
+
+// dispatchRules are the rules of ChainFromPod and ChainToPod in one
+// family, and make the sets they name.
+func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature) (from, to [][]string) {
+	// Dispatch: a rule per combination of policies, its pods in a set.
+	from, to = [][]string{}, [][]string{}
+	for _, s := range sigs {
+		set := s.setName(fam)
+		c.addIfaceSet(set, fam, s.eps)
+		if s.dir == dirEgress {
+			from = append(from, []string{"-m", "set", "--match-set", set, "src,src", "-g", s.name})
 		} else {
-			add(ChainForward, [][]string{
-				{"-i", pre, "-j", ChainPod},
-				{"-o", pre, "-j", ChainPod},
-			})
-		}
-		add(ChainPod, [][]string{
-			{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
-			{"-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"},
-			{"-i", pre, "-j", ChainFromPod},
-			{"-o", pre, "-j", ChainToPod},
-			{"-j", "MARK", "--set-xmark", markClear},
-			{"-j", "ACCEPT"},
-		})
-
-		// Dispatch: a rule per combination of policies, its pods in a set.
-		from, to := [][]string{}, [][]string{}
-		for _, n := range sigNames {
-			s := sigs[n]
-			set := s.setName(fam)
-			c.addIfaceSet(set, fam, s.eps)
-			if s.dir == dirEgress {
-				from = append(from, []string{"-m", "set", "--match-set", set, "src,src", "-g", s.name})
-			} else {
-				to = append(to, []string{"-m", "set", "--match-set", set, "dst,dst", "-g", s.name})
-			}
-		}
-		if c.in.DenyUnlisted {
-			var openEg, openIn []*endpoint
-			for _, ep := range c.locals {
-				if len(ep.eg) == 0 {
-					openEg = append(openEg, ep)
-				}
-				if len(ep.in) == 0 {
-					openIn = append(openIn, ep)
-				}
-			}
-			eg, in := UnselectedSetName(family, true), UnselectedSetName(family, false)
-			c.addIfaceSet(eg, fam, openEg)
-			c.addIfaceSet(in, fam, openIn)
-			from = append(from, []string{"-m", "set", "--match-set", eg, "src,src", "-j", "RETURN"})
-			to = append(to, []string{"-m", "set", "--match-set", in, "dst,dst", "-j", "RETURN"})
-			if dev != "" {
-				from = append(from, []string{"-i", dev, "-j", "RETURN"})
-				to = append(to, []string{"-o", dev, "-j", "RETURN"})
-			}
-			from = append(from, []string{"-j", "DROP"})
-			to = append(to, []string{"-j", "DROP"})
-		}
-		add(ChainFromPod, from)
-		add(ChainToPod, to)
-
-		for _, n := range sigNames {
-			s := sigs[n]
-			rules := [][]string{{"-j", "MARK", "--set-xmark", markClear}}
-			for _, p := range s.pols {
-				rules = append(rules,
-					[]string{"-m", "comment", "--comment", comment(p.key), "-j", p.chain(s.dir)},
-					[]string{"-m", "mark", "--mark", markSet, "-j", "RETURN"})
-			}
-			rules = append(rules, []string{"-j", "DROP"})
-			add(n, rules)
-		}
-		for _, p := range c.policies {
-			for _, dir := range allDirections {
-				if p.used[dir] {
-					add(p.chain(dir), p.rules[dir][fam])
-				}
-			}
+			to = append(to, []string{"-m", "set", "--match-set", set, "dst,dst", "-g", s.name})
 		}
 	}
+	if !c.in.DenyUnlisted {
+		return from, to
+	}
+	eg, in := c.unselectedSets(fam, family)
+	from = append(from, []string{"-m", "set", "--match-set", eg, "src,src", "-j", "RETURN"})
+	to = append(to, []string{"-m", "set", "--match-set", in, "dst,dst", "-j", "RETURN"})
+	if dev != "" {
+		from = append(from, []string{"-i", dev, "-j", "RETURN"})
+		to = append(to, []string{"-o", dev, "-j", "RETURN"})
+	}
+	from = append(from, []string{"-j", "DROP"})
+	to = append(to, []string{"-j", "DROP"})
+	return from, to
+}
+
+// unselectedSets makes the sets of the local pods no policy selects for
+// egress and for ingress in one family, and returns their names.
+func (c *compiler) unselectedSets(fam int, family string) (eg, in string) {
+	var openEg, openIn []*endpoint
+	for _, ep := range c.locals {
+		if len(ep.eg) == 0 {
+			openEg = append(openEg, ep)
+		}
+		if len(ep.in) == 0 {
+			openIn = append(openIn, ep)
+		}
+	}
+	eg, in = UnselectedSetName(family, true), UnselectedSetName(family, false)
+	c.addIfaceSet(eg, fam, openEg)
+	c.addIfaceSet(in, fam, openIn)
+	return eg, in
+}
+
+// rules are the signature's chain: each policy's chain in turn, the first
+// to mark the packet accepts it, and none drops it.
+func (s *signature) rules() [][]string {
+	rules := [][]string{{"-j", "MARK", "--set-xmark", markClear}}
+	for _, p := range s.pols {
+		rules = append(rules,
+			[]string{"-m", "comment", "--comment", comment(p.key), "-j", p.chain(s.dir)},
+			[]string{"-m", "mark", "--mark", markSet, "-j", "RETURN"})
+	}
+	return append(rules, []string{"-j", "DROP"})
+}
+
+// sortRuleset puts the chains, sets and problems in order and adds the
+// jump from FORWARD.
+func (c *compiler) sortRuleset() {
 	// Names are unique within a family.
 	slices.SortFunc(c.rs.Chains, func(a, b Chain) int {
 		if c := strings.Compare(a.Family, b.Family); c != 0 {
@@ -223,8 +276,6 @@ func (c *compiler) emit() *Ruleset {
 		}
 		return a.Message < b.Message
 	})
-	rs := c.rs
-	return &rs
 }
 
 // excludeDevices says whether names with the veth prefix may be tabby's
