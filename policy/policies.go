@@ -159,33 +159,47 @@ func (c *compiler) checkPolicy(p *networkingv1.NetworkPolicy) *cpolicy {
 
 	var bad []string
 	if cp.ingress {
+		rules := make([]ruleIn, len(p.Spec.Ingress))
 		for i, r := range p.Spec.Ingress {
-			path := fmt.Sprintf("spec.ingress[%d]", i)
-			cr, errs := c.checkRule(p.Namespace, path, "from", r.From, r.Ports)
-			if len(errs) > 0 {
-				msgs := append(errs, path+" allows nothing until fixed (the policy's other rules are enforced)")
-				bad = append(bad, msgs...)
-				continue
-			}
-			cp.in = append(cp.in, cr)
+			rules[i] = ruleIn{r.From, r.Ports}
 		}
+		cp.in = c.checkRules(p.Namespace, "spec.ingress", "from", rules, &bad)
 	}
 	if cp.egress {
+		rules := make([]ruleIn, len(p.Spec.Egress))
 		for i, r := range p.Spec.Egress {
-			path := fmt.Sprintf("spec.egress[%d]", i)
-			cr, errs := c.checkRule(p.Namespace, path, "to", r.To, r.Ports)
-			if len(errs) > 0 {
-				msgs := append(errs, path+" allows nothing until fixed (the policy's other rules are enforced)")
-				bad = append(bad, msgs...)
-				continue
-			}
-			cp.eg = append(cp.eg, cr)
+			rules[i] = ruleIn{r.To, r.Ports}
 		}
+		cp.eg = c.checkRules(p.Namespace, "spec.egress", "to", rules, &bad)
 	}
 	if len(bad) > 0 {
 		c.problem(KindNetworkPolicy, p.Namespace, p.Name, strings.Join(bad, "; "))
 	}
 	return cp
+}
+
+// ruleIn is an ingress or egress rule: its peers (from or to) and ports.
+type ruleIn struct {
+	peers []networkingv1.NetworkPolicyPeer
+	ports []networkingv1.NetworkPolicyPort
+}
+
+// checkRules compiles the valid rules of one direction (field, whose
+// peers are under peerField); an invalid rule is left out, so it allows
+// nothing, and its errors are added to bad.
+func (c *compiler) checkRules(ns, field, peerField string, rules []ruleIn, bad *[]string) []*crule {
+	var out []*crule
+	for i, r := range rules {
+		path := fmt.Sprintf("%s[%d]", field, i)
+		cr, errs := c.checkRule(ns, path, peerField, r.peers, r.ports)
+		if len(errs) > 0 {
+			*bad = append(*bad, errs...)
+			*bad = append(*bad, path+" allows nothing until fixed (the policy's other rules are enforced)")
+			continue
+		}
+		out = append(out, cr)
+	}
+	return out
 }
 
 func (p *cpolicy) types() []string {
