@@ -43,20 +43,9 @@ type Election struct {
 // passes stop, and it stands again. When ctx ends the passes stop first,
 // then the Lease is released, so another candidate takes over at once.
 func (g *GC) RunElected(ctx context.Context, e Election) error {
-	if e.Leases == nil || e.Namespace == "" || e.Identity == "" {
-		return errors.New("ipam gc: the election needs a Leases client, a namespace and an identity")
-	}
-	if e.Name == "" {
-		e.Name = DefaultLeaseName
-	}
-	if e.LeaseDuration == 0 {
-		e.LeaseDuration = DefaultLeaseDuration
-	}
-	if e.RenewDeadline == 0 {
-		e.RenewDeadline = DefaultRenewDeadline
-	}
-	if e.RetryPeriod == 0 {
-		e.RetryPeriod = DefaultRetryPeriod
+	e, err := e.withDefaults()
+	if err != nil {
+		return err
 	}
 	lock := &loggingLock{Interface: &resourcelock.LeaseLock{
 		LeaseMeta:  metaOf(e.Namespace, e.Name),
@@ -72,59 +61,16 @@ func (g *GC) RunElected(ctx context.Context, e Election) error {
 	electCtx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopElection()
 	electCtx = klog.NewContext(electCtx, electionLogger(g.log))
-	var mu sync.Mutex
-	ended := sync.NewCond(&mu)
-	terms := 0 // terms whose passes are running
-	waitTerms := func() {
-		mu.Lock()
-		for terms > 0 {
-			ended.Wait()
-		}
-		mu.Unlock()
-	}
+	terms := newTermCount()
 	go func() {
 		<-ctx.Done()
-		waitTerms()
+		terms.wait()
 		stopElection()
 	}()
 	lead := func(lctx context.Context) {
-		mu.Lock()
-		terms++
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			terms--
-			ended.Broadcast()
-			mu.Unlock()
-		}()
-		wctx, cancel := context.WithCancel(lctx)
-		defer cancel()
-		stop := context.AfterFunc(ctx, cancel)
-		defer stop()
-		if wctx.Err() != nil {
-			return
-		}
-		g.leading.Store(true)
-		g.met.leader.Set(1)
-		g.log.Info("leading the IPAM garbage collection", "lease", e.Namespace+"/"+e.Name, "identity", e.Identity)
-		defer func() {
-			g.leading.Store(false)
-			g.met.leader.Set(0)
-			g.met.candidates.Set(0) // the next leader counts them
-			g.met.pools.set(nil)    // and exports the pools' usage
-			g.log.Info("stopped leading the IPAM garbage collection", "identity", e.Identity)
-		}()
-		for wctx.Err() == nil {
-			err := g.Run(wctx)
-			if err == nil || wctx.Err() != nil {
-				return
-			}
-			g.log.Warn("the IPAM garbage collector stopped; starting it again", "error", err)
-			select {
-			case <-wctx.Done():
-			case <-time.After(e.RetryPeriod):
-			}
-		}
+		terms.begin()
+		defer terms.end()
+		g.lead(ctx, lctx, e)
 	}
 	for electCtx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
@@ -143,9 +89,110 @@ func (g *GC) RunElected(ctx context.Context, e Election) error {
 			return fmt.Errorf("ipam gc: leader election: %w", err)
 		}
 		le.Run(electCtx) // returns when the Lease is lost or the election ends
-		waitTerms()
+		terms.wait()
 	}
 	return nil
+}
+
+// withDefaults checks the required fields and fills in the defaults.
+func (e Election) withDefaults() (Election, error) {
+	if e.Leases == nil || e.Namespace == "" || e.Identity == "" {
+		return e, errors.New("ipam gc: the election needs a Leases client, a namespace and an identity")
+	}
+	if e.Name == "" {
+		e.Name = DefaultLeaseName
+	}
+	if e.LeaseDuration == 0 {
+		e.LeaseDuration = DefaultLeaseDuration
+	}
+	if e.RenewDeadline == 0 {
+		e.RenewDeadline = DefaultRenewDeadline
+	}
+	if e.RetryPeriod == 0 {
+		e.RetryPeriod = DefaultRetryPeriod
+	}
+	return e, nil
+}
+
+// termCount counts the terms whose passes are running, so that the
+// election waits for them to stop.
+type termCount struct {
+	mu    sync.Mutex
+	ended *sync.Cond
+	n     int
+}
+
+func newTermCount() *termCount {
+	t := &termCount{}
+	t.ended = sync.NewCond(&t.mu)
+	return t
+}
+
+func (t *termCount) begin() {
+	t.mu.Lock()
+	t.n++
+	t.mu.Unlock()
+}
+
+func (t *termCount) end() {
+	t.mu.Lock()
+	t.n--
+	t.ended.Broadcast()
+	t.mu.Unlock()
+}
+
+// wait returns once no term's passes are running.
+func (t *termCount) wait() {
+	t.mu.Lock()
+	for t.n > 0 {
+		t.ended.Wait()
+	}
+	t.mu.Unlock()
+}
+
+// lead is one term: the collector runs until the Lease is lost (lctx
+// ends) or ctx ends.
+func (g *GC) lead(ctx, lctx context.Context, e Election) {
+	wctx, cancel := context.WithCancel(lctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	if wctx.Err() != nil {
+		return
+	}
+	g.startedLeading(e)
+	defer g.stoppedLeading(e)
+	g.runRestarting(wctx, e.RetryPeriod)
+}
+
+func (g *GC) startedLeading(e Election) {
+	g.leading.Store(true)
+	g.met.leader.Set(1)
+	g.log.Info("leading the IPAM garbage collection", "lease", e.Namespace+"/"+e.Name, "identity", e.Identity)
+}
+
+func (g *GC) stoppedLeading(e Election) {
+	g.leading.Store(false)
+	g.met.leader.Set(0)
+	g.met.candidates.Set(0) // the next leader counts them
+	g.met.pools.set(nil)    // and exports the pools' usage
+	g.log.Info("stopped leading the IPAM garbage collection", "identity", e.Identity)
+}
+
+// runRestarting runs the collector until ctx ends, starting it again
+// retry after it fails.
+func (g *GC) runRestarting(ctx context.Context, retry time.Duration) {
+	for ctx.Err() == nil {
+		err := g.Run(ctx)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		g.log.Warn("the IPAM garbage collector stopped; starting it again", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(retry):
+		}
+	}
 }
 
 func metaOf(namespace, name string) metav1.ObjectMeta {

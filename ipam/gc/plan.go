@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 )
@@ -357,147 +358,187 @@ func (k seenKind) key(parts ...string) string {
 // grace old (when they carry one: IPAM writes it); objects with a creation
 // time need that too. now - since >= grace and age >= grace.
 func Compute(s *Snapshot, seen Seen, now time.Time, grace time.Duration) (Plan, Seen) {
-	next := Seen{}
-	track := func(key string) time.Time {
-		t, ok := seen[key]
-		if !ok || t.After(now) {
-			t = now
-		}
-		next[key] = t
-		return t
-	}
-	var plan Plan
-	// old says whether every time given is grace ago; when not, it notes
-	// when they all will be.
-	old := func(times ...time.Time) bool {
-		var latest time.Time
-		for _, t := range times {
-			if t.After(latest) {
-				latest = t
-			}
-		}
-		if now.Sub(latest) >= grace {
-			return true
-		}
-		if at := latest.Add(grace); plan.NextDue.IsZero() || at.Before(plan.NextDue) {
-			plan.NextDue = at
-		}
-		return false
-	}
+	p := &planner{s: s, seen: seen, next: Seen{}, now: now, grace: grace, blocks: sortedByName(s.Blocks)}
+	allocs, held := p.allocations()
+	p.blockActions(allocs)
+	p.affinities()
+	p.handles(held)
+	return p.plan, p.next
+}
 
-	nodeExists := func(n string) bool { return s.Nodes[n] }
-	pools := sortedPools(s.Pools)
+// planner is one Compute: what it reads and remembers, and the plan and
+// the next Seen it builds.
+type planner struct {
+	s          *Snapshot
+	seen, next Seen
+	now        time.Time
+	grace      time.Duration
+	plan       Plan
+	blocks     []*tabbyv1.IPAMBlock // s.Blocks by name
+}
 
-	// Allocations.
-	held := map[string]bool{} // handle IDs held in some block
-	blocks := append([]*tabbyv1.IPAMBlock(nil), s.Blocks...)
-	sort.Slice(blocks, func(i, j int) bool { return blocks[i].Name < blocks[j].Name })
-	allocs := map[string][]Allocation{} // by block name
-	holders := HoldersOf(blocks)
-	for _, b := range blocks {
+// track is since when key has been a candidate, and keeps it in the next
+// Seen.
+func (p *planner) track(key string) time.Time {
+	t, ok := p.seen[key]
+	if !ok || t.After(p.now) {
+		t = p.now
+	}
+	p.next[key] = t
+	return t
+}
+
+// old says whether every time given is grace ago; when not, it notes
+// when they all will be.
+func (p *planner) old(times ...time.Time) bool {
+	var latest time.Time
+	for _, t := range times {
+		if t.After(latest) {
+			latest = t
+		}
+	}
+	if p.now.Sub(latest) >= p.grace {
+		return true
+	}
+	if at := latest.Add(p.grace); p.plan.NextDue.IsZero() || at.Before(p.plan.NextDue) {
+		p.plan.NextDue = at
+	}
+	return false
+}
+
+func (p *planner) nodeExists(n string) bool { return p.s.Nodes[n] }
+
+// allocations adds the allocations that are candidates, and returns every
+// block's allocations (by block name) and the handle IDs held in some
+// block.
+func (p *planner) allocations() (allocs map[string][]Allocation, held map[string]bool) {
+	allocs, held = map[string][]Allocation{}, map[string]bool{}
+	holders := HoldersOf(p.blocks)
+	for _, b := range p.blocks {
 		as := Allocations(b)
 		allocs[b.Name] = as
 		for _, a := range as {
 			held[a.Attr.HandleID] = true
 			var pod *corev1.Pod
 			if k, ok := a.PodKey(); ok {
-				pod = s.Pods[k]
+				pod = p.s.Pods[k]
 			}
-			reason, cand := Judge(a, pod, nodeExists(a.Node()), holders)
+			reason, cand := Judge(a, pod, p.nodeExists(a.Node()), holders)
 			if !cand {
 				continue
 			}
-			since := track(a.key())
+			since := p.track(a.key())
 			// Not due either when allocated moments ago by its own clock.
 			times := []time.Time{since}
 			if ts := a.Attr.Timestamp; ts != nil {
 				times = append(times, ts.Time)
 			}
-			due := old(times...)
-			plan.Allocations = append(plan.Allocations, Candidate{Allocation: a, Reason: reason, Since: since, Due: due})
+			due := p.old(times...)
+			p.plan.Allocations = append(p.plan.Allocations, Candidate{Allocation: a, Reason: reason, Since: since, Due: due})
 		}
 	}
+	return allocs, held
+}
 
-	// Blocks.
-	type group struct{ node, pool string }
-	total := map[group]int{}
+// nodePool is a node's blocks of one pool.
+type nodePool struct{ node, pool string }
+
+// blockActions adds the blocks whose node is gone, then the empty ones.
+func (p *planner) blockActions(allocs map[string][]Allocation) {
+	pools := sortedPools(p.s.Pools)
+	total := map[nodePool]int{}
 	var empties []BlockAction
-	for _, b := range blocks {
+	for _, b := range p.blocks {
 		node := blockNode(b)
 		pool := poolOf(b, pools)
 		if node != "" {
-			total[group{node, pool}]++
+			total[nodePool{node, pool}]++
 		}
 		switch {
-		case node != "" && !nodeExists(node):
-			since := track(seenBlockNodeGone.key(b.Name, string(b.UID)))
-			plan.Blocks = append(plan.Blocks, BlockAction{Block: b, Kind: BlockNodeGone, Node: node, Pool: pool, Since: since, Due: old(since)})
+		case node != "" && !p.nodeExists(node):
+			since := p.track(seenBlockNodeGone.key(b.Name, string(b.UID)))
+			p.plan.Blocks = append(p.plan.Blocks, BlockAction{Block: b, Kind: BlockNodeGone, Node: node, Pool: pool, Since: since, Due: p.old(since)})
 		case b.Spec.Affinity != "" && node == "":
 			// An affinity tabby does not write: not ours to judge.
 		case len(allocs[b.Name]) == 0 && blockOK(b):
-			since := track(seenBlockEmpty.key(b.Name, string(b.UID)))
-			empties = append(empties, BlockAction{Block: b, Kind: BlockEmpty, Node: node, Pool: pool, Since: since, Due: old(since, b.CreationTimestamp.Time)})
+			since := p.track(seenBlockEmpty.key(b.Name, string(b.UID)))
+			empties = append(empties, BlockAction{Block: b, Kind: BlockEmpty, Node: node, Pool: pool, Since: since, Due: p.old(since, b.CreationTimestamp.Time)})
 		}
 	}
-	// A live node keeps at least one block of each pool it has blocks in.
-	dueIn := map[group]int{}
+	keepLastBlocks(empties, total)
+	p.plan.Blocks = append(p.plan.Blocks, empties...)
+}
+
+// keepLastBlocks makes the due empty blocks that would leave a live node
+// without a block of a pool it has blocks in (total of them) not due: the
+// node keeps at least one.
+func keepLastBlocks(empties []BlockAction, total map[nodePool]int) {
+	dueIn := map[nodePool]int{}
 	for i := range empties {
 		e := &empties[i]
 		if e.Node == "" || !e.Due {
 			continue
 		}
-		g := group{e.Node, e.Pool}
+		g := nodePool{e.Node, e.Pool}
 		if dueIn[g]+1 >= total[g] {
 			e.Due = false // would leave the node without a block of this pool
 			continue
 		}
 		dueIn[g]++
 	}
-	plan.Blocks = append(plan.Blocks, empties...)
+}
 
-	// Affinity records.
+// affinities adds the affinity records whose block is gone or affine to
+// another node, then the live nodes' blocks without a record.
+func (p *planner) affinities() {
 	byCIDR := map[string]*tabbyv1.IPAMBlock{}
-	for _, b := range blocks {
-		if p, err := netip.ParsePrefix(b.Spec.CIDR); err == nil {
-			byCIDR[p.Masked().String()] = b
+	for _, b := range p.blocks {
+		if pfx, err := netip.ParsePrefix(b.Spec.CIDR); err == nil {
+			byCIDR[pfx.Masked().String()] = b
 		}
 	}
 	type nodeCIDR struct{ node, cidr string }
 	recorded := map[nodeCIDR]bool{}
-	affs := append([]*tabbyv1.BlockAffinity(nil), s.Affinities...)
-	sort.Slice(affs, func(i, j int) bool { return affs[i].Name < affs[j].Name })
-	for _, a := range affs {
+	for _, a := range sortedByName(p.s.Affinities) {
 		cidr := canonCIDR(a.Spec.CIDR)
 		recorded[nodeCIDR{a.Spec.Node, cidr}] = true
 		b := byCIDR[cidr]
 		if b != nil && blockNode(b) == a.Spec.Node {
 			continue // in order, or freed with its block when the node is gone
 		}
-		since := track(seenAffinityOrphan.key(a.Name, string(a.UID)))
-		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityOrphan, Affinity: a, Node: a.Spec.Node, CIDR: a.Spec.CIDR,
-			Since: since, Due: old(since, a.CreationTimestamp.Time)})
+		since := p.track(seenAffinityOrphan.key(a.Name, string(a.UID)))
+		p.plan.Affinities = append(p.plan.Affinities, AffinityAction{Kind: AffinityOrphan, Affinity: a, Node: a.Spec.Node, CIDR: a.Spec.CIDR,
+			Since: since, Due: p.old(since, a.CreationTimestamp.Time)})
 	}
-	for _, b := range blocks {
+	for _, b := range p.blocks {
 		node := blockNode(b)
-		if node == "" || !nodeExists(node) || recorded[nodeCIDR{node, canonCIDR(b.Spec.CIDR)}] {
+		if node == "" || !p.nodeExists(node) || recorded[nodeCIDR{node, canonCIDR(b.Spec.CIDR)}] {
 			continue
 		}
-		since := track(seenAffinityMissing.key(b.Name, string(b.UID)))
-		plan.Affinities = append(plan.Affinities, AffinityAction{Kind: AffinityMissing, Block: b, Node: node, CIDR: b.Spec.CIDR,
-			Since: since, Due: old(since, b.CreationTimestamp.Time)})
+		since := p.track(seenAffinityMissing.key(b.Name, string(b.UID)))
+		p.plan.Affinities = append(p.plan.Affinities, AffinityAction{Kind: AffinityMissing, Block: b, Node: node, CIDR: b.Spec.CIDR,
+			Since: since, Due: p.old(since, b.CreationTimestamp.Time)})
 	}
+}
 
-	// Handle records that no allocation refers to.
-	hs := append([]*tabbyv1.IPAMHandle(nil), s.Handles...)
-	sort.Slice(hs, func(i, j int) bool { return hs[i].Name < hs[j].Name })
-	for _, h := range hs {
+// handles adds the handle records that no allocation refers to (no ID in
+// held).
+func (p *planner) handles(held map[string]bool) {
+	for _, h := range sortedByName(p.s.Handles) {
 		if held[h.Spec.HandleID] {
 			continue
 		}
-		since := track(seenHandle.key(h.Name, string(h.UID)))
-		plan.Handles = append(plan.Handles, HandleAction{Handle: h, Since: since, Due: old(since, h.CreationTimestamp.Time)})
+		since := p.track(seenHandle.key(h.Name, string(h.UID)))
+		p.plan.Handles = append(p.plan.Handles, HandleAction{Handle: h, Since: since, Due: p.old(since, h.CreationTimestamp.Time)})
 	}
-	return plan, next
+}
+
+// sortedByName is a copy of objs sorted by name (the snapshot's slices may
+// be shared with a cache).
+func sortedByName[T metav1.Object](objs []T) []T {
+	out := append([]T(nil), objs...)
+	sort.Slice(out, func(i, j int) bool { return out[i].GetName() < out[j].GetName() })
+	return out
 }
 
 // canonCIDR is a CIDR in canonical form (as written when it does not parse).
