@@ -21,6 +21,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -50,6 +51,40 @@ type Options struct {
 // Run runs the demo. Canceling ctx (Ctrl-C) stops it; what it made is
 // removed before Run returns, whatever happened.
 func Run(ctx context.Context, opts Options) (err error) {
+	if err := checkRun(opts); err != nil {
+		return err
+	}
+	r := &run{out: opts.Out}
+	defer func() {
+		r.teardown()
+		if err != nil && ctx.Err() != nil {
+			err = errors.New("interrupted; everything the demo made is removed")
+		}
+	}()
+
+	fmt.Fprintln(r.out, "tabby CNI demo: one node, three pods, a real API server")
+	c, err := r.startControlPlane(ctx, opts.ControlPlaneDir)
+	if err != nil {
+		return err
+	}
+	node, list, err := r.startNode(ctx, c, opts.PluginDir)
+	if err != nil {
+		return err
+	}
+	pods, results, err := r.wirePods(ctx, node, list)
+	if err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	fmt.Fprintln(r.out, "\nPing matrix: ICMP echo from each row to each column")
+	return pingMatrix(r.out, node, pods, results)
+}
+
+// checkRun checks what the demo needs before it makes anything.
+func checkRun(opts Options) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the demo needs root (network namespaces, a control plane): run it with sudo")
 	}
@@ -58,100 +93,122 @@ func Run(ctx context.Context, opts Options) (err error) {
 			return fmt.Errorf("the CNI plugin %s is not in %s (run make build): %w", bin, opts.PluginDir, err)
 		}
 	}
-	out := opts.Out
-	var undo []func()
-	defer func() {
-		if len(undo) > 0 {
-			fmt.Fprintln(out, "\nTearing down:")
-		}
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		if err != nil && ctx.Err() != nil {
-			err = errors.New("interrupted; everything the demo made is removed")
-		}
-	}()
-	step := func(format string, a ...any) { fmt.Fprintf(out, "  "+format+"\n", a...) }
+	return nil
+}
 
-	fmt.Fprintln(out, "tabby CNI demo: one node, three pods, a real API server")
+// run is one demo: where it reports, and how to undo what it made so far.
+type run struct {
+	out  io.Writer
+	undo []func()
+}
+
+func (r *run) step(format string, a ...any) { fmt.Fprintf(r.out, "  "+format+"\n", a...) }
+
+// teardown undoes everything, last made first.
+func (r *run) teardown() {
+	if len(r.undo) > 0 {
+		fmt.Fprintln(r.out, "\nTearing down:")
+	}
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		r.undo[i]()
+	}
+}
+
+// startControlPlane starts etcd and kube-apiserver and installs tabby's
+// CRDs.
+func (r *run) startControlPlane(ctx context.Context, dir string) (*controlplane.Cluster, error) {
 	start := time.Now()
-	c, err := controlplane.Start(ctx, controlplane.Options{BinDir: opts.ControlPlaneDir})
+	c, err := controlplane.Start(ctx, controlplane.Options{BinDir: dir})
 	if err != nil {
-		return fmt.Errorf("starting the control plane: %w", err)
+		return nil, fmt.Errorf("starting the control plane: %w", err)
 	}
-	undo = append(undo, func() { c.Stop(); step("control plane stopped") })
-	step("control plane   etcd + kube-apiserver at %s (%.1fs)", c.Server, time.Since(start).Seconds())
+	r.undo = append(r.undo, func() { c.Stop(); r.step("control plane stopped") })
+	r.step("control plane   etcd + kube-apiserver at %s (%.1fs)", c.Server, time.Since(start).Seconds())
 	if err := c.InstallCRDs(ctx); err != nil {
-		return fmt.Errorf("installing tabby's CRDs (run tabbyctl demo from the repository): %w", err)
+		return nil, fmt.Errorf("installing tabby's CRDs (run tabbyctl demo from the repository): %w", err)
 	}
-	step("CRDs            tabby.io/v1 installed with their admission policies")
+	r.step("CRDs            tabby.io/v1 installed with their admission policies")
+	return c, nil
+}
 
-	node, err := testnet.NewNode(ctx, testnet.NodeOptions{Name: "demo-node", PluginDirs: []string{opts.PluginDir}, Cluster: c})
+// startNode makes the node's namespace and the IPPool, and returns the
+// node and the CNI config its pods are wired with.
+func (r *run) startNode(ctx context.Context, c *controlplane.Cluster, pluginDir string) (*testnet.Node, *libcni.NetworkConfigList, error) {
+	node, err := testnet.NewNode(ctx, testnet.NodeOptions{Name: "demo-node", PluginDirs: []string{pluginDir}, Cluster: c})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	undo = append(undo, func() {
+	r.undo = append(r.undo, func() {
 		if err := node.Close(); err != nil {
-			step("removing the node: %v", err)
+			r.step("removing the node: %v", err)
 			return
 		}
-		step("node namespace removed (with every veth in it)")
+		r.step("node namespace removed (with every veth in it)")
 	})
-	step("node            %s: network namespace %s, %s %s and %s", node.Name, node.NS.Path(), testnet.Uplink, node.IPv4, node.IPv6)
+	r.step("node            %s: network namespace %s, %s %s and %s", node.Name, node.NS.Path(), testnet.Uplink, node.IPv4, node.IPv6)
 	pool := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "demo-pool"}, Spec: tabbyv1.IPPoolSpec{CIDR: PoolCIDR}}
 	if pool, err = node.DS.IPPools.Create(ctx, pool, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("creating IPPool %s: %w", PoolCIDR, err)
+		return nil, nil, fmt.Errorf("creating IPPool %s: %w", PoolCIDR, err)
 	}
-	step("IPPool          %s %s, blocks of /%d", pool.Name, pool.Spec.CIDR, pool.EffectiveBlockSize())
+	r.step("IPPool          %s %s, blocks of /%d", pool.Name, pool.Spec.CIDR, pool.EffectiveBlockSize())
 	conf := node.TabbyConf(nil)
 	list, err := testnet.ConfList("1.1.0", conf)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	step("CNI config      %s", list.Bytes)
+	r.step("CNI config      %s", list.Bytes)
+	return node, list, nil
+}
 
-	fmt.Fprintln(out, "\nWiring the pods through libcni (CNI ADD), as a container runtime would:")
+// wirePods wires the demo's pods, printing a row for each as it is wired.
+func (r *run) wirePods(ctx context.Context, node *testnet.Node, list *libcni.NetworkConfigList) ([]*testnet.Pod, []*current.Result, error) {
+	fmt.Fprintln(r.out, "\nWiring the pods through libcni (CNI ADD), as a container runtime would:")
 	pods := make([]*testnet.Pod, 0, len(PodNames))
 	results := make([]*current.Result, 0, len(PodNames))
 	// Rows are printed as the pods are wired, in fixed-width columns.
 	row := func(pod, addr, veth, took string) {
-		fmt.Fprintf(out, "  %-14s  %-18s  %-14s  %s\n", pod, addr, veth, took)
+		fmt.Fprintf(r.out, "  %-14s  %-18s  %-14s  %s\n", pod, addr, veth, took)
 	}
 	row("POD", "ADDRESS", "HOST VETH", "ADD TOOK")
 	for _, name := range PodNames {
-		p, err := testnet.NewPod("default", name)
+		p, res, took, err := r.wirePod(ctx, node, list, name)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		undo = append(undo, func() { _ = p.Close() })
-		if err := node.CreatePodObject(ctx, p, nil); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		res, err := node.Add(ctx, list, p, nil)
-		if err != nil {
-			return fmt.Errorf("CNI ADD of pod %s: %w", name, err)
-		}
-		took := time.Since(t0)
-		undo = append(undo, func() {
-			// The control plane is still up here: DEL frees the address.
-			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := node.Del(dctx, list, p, nil); err != nil {
-				step("CNI DEL of pod %s: %v", name, err)
-				return
-			}
-			step("pod %s: CNI DEL done, address released", name)
-		})
 		pods, results = append(pods, p), append(results, res)
 		row(p.Namespace+"/"+name, addresses(res), res.Interfaces[0].Name, took.Round(time.Millisecond).String())
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
+	return pods, results, nil
+}
 
-	fmt.Fprintln(out, "\nPing matrix: ICMP echo from each row to each column")
-	return pingMatrix(out, node, pods, results)
+// wirePod creates the Pod object and its namespace and runs CNI ADD,
+// returning how long ADD took.
+func (r *run) wirePod(ctx context.Context, node *testnet.Node, list *libcni.NetworkConfigList, name string) (*testnet.Pod, *current.Result, time.Duration, error) {
+	p, err := testnet.NewPod("default", name)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	r.undo = append(r.undo, func() { _ = p.Close() })
+	if err := node.CreatePodObject(ctx, p, nil); err != nil {
+		return nil, nil, 0, err
+	}
+	t0 := time.Now()
+	res, err := node.Add(ctx, list, p, nil)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("CNI ADD of pod %s: %w", name, err)
+	}
+	took := time.Since(t0)
+	r.undo = append(r.undo, func() {
+		// The control plane is still up here: DEL frees the address.
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := node.Del(dctx, list, p, nil); err != nil {
+			r.step("CNI DEL of pod %s: %v", name, err)
+			return
+		}
+		r.step("pod %s: CNI DEL done, address released", name)
+	})
+	return p, res, took, nil
 }
 
 func addresses(res *current.Result) string {
