@@ -64,25 +64,14 @@ func (p DemoProbe) OK() bool { return p.TCP && p.ICMP }
 func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 	var pods []*corev1.Pod
 	defer func() { demoUsage(o.Out, s, pods) }()
-	if o.PodsPerNode <= 0 {
-		o.PodsPerNode = 2
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = time.Minute
-	}
+	o.defaults()
 	cs, err := s.Clientset()
 	if err != nil {
 		return err
 	}
-	var names []string
-	for i := range s.Nodes {
-		for j := range o.PodsPerNode {
-			name := fmt.Sprintf("web%d-%c", i+1, 'a'+j)
-			names = append(names, name)
-			if err := createDemoPod(ctx, cs, s, name, s.Nodes[i].Name); err != nil {
-				return err
-			}
-		}
+	names, err := createDemoPods(ctx, cs, s, o.PodsPerNode)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(o.Out, "\nPods: %d web servers (%s serve-hostname, TCP and UDP %d) spread over %d nodes, placed by kube-scheduler with %s and wired by the tabby CNI plugin\n",
 		len(names), AgnhostImage, DemoPort, len(s.Nodes), ExtenderName)
@@ -90,12 +79,68 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	nsPaths, err := printDemoPods(ctx, o.Out, s, pods)
+	if err != nil {
+		return err
+	}
+	placementErr := demoPlacement(ctx, cs, s, o, pods)
+
+	probes := demoMatrix(ctx, pods, nsPaths)
+	failed := printConnectivity(o.Out, pods, probes)
+
+	serviceErr := demoService(ctx, cs, s, o, pods)
+
+	var policyErr error
+	if failed == 0 {
+		policyErr = demoPolicy(ctx, cs, o, pods, nsPaths)
+	} else {
+		fmt.Fprintf(o.Out, "\n(no NetworkPolicy demonstration: the pods do not all reach each other without one)\n")
+	}
+
+	printDemoBGP(ctx, o.Out, s)
+	var errs []error
+	if failed > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d probes failed: see tabbyctl lab status and the logs in %s", failed, len(probes), s.Dir))
+	}
+	errs = append(errs, placementErr, serviceErr, policyErr)
+	return errors.Join(errs...)
+}
+
+func (o *DemoOptions) defaults() {
+	if o.PodsPerNode <= 0 {
+		o.PodsPerNode = 2
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = time.Minute
+	}
+}
+
+// createDemoPods creates perNode web pods on every node (or labels the
+// ones an earlier run left) and returns their names.
+func createDemoPods(ctx context.Context, cs kubernetes.Interface, s *State, perNode int) ([]string, error) {
+	var names []string
+	for i := range s.Nodes {
+		for j := range perNode {
+			name := fmt.Sprintf("web%d-%c", i+1, 'a'+j)
+			names = append(names, name)
+			if err := createDemoPod(ctx, cs, s, name, s.Nodes[i].Name); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return names, nil
+}
+
+// printDemoPods prints the pods' nodes, addresses and containers, and
+// returns the paths of their network namespaces.
+func printDemoPods(ctx context.Context, w io.Writer, s *State, pods []*corev1.Pod) ([]string, error) {
 	nsPaths := make([]string, len(pods))
-	tw := tabwriter.NewWriter(o.Out, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "POD\tNODE\tIP\tCONTAINER")
 	for i, p := range pods {
+		var err error
 		if nsPaths[i], err = PodNetNS(ctx, s, p.Namespace+"/"+p.Name); err != nil {
-			return err
+			return nil, err
 		}
 		cid := ""
 		if len(p.Status.ContainerStatuses) > 0 {
@@ -107,11 +152,14 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 		fmt.Fprintf(tw, "default/%s\t%s\t%s\t%s\n", p.Name, p.Spec.NodeName, p.Status.PodIP, cid)
 	}
 	_ = tw.Flush()
-	placementErr := demoPlacement(ctx, cs, s, o, pods)
+	return nsPaths, nil
+}
 
-	probes := demoMatrix(ctx, pods, nsPaths)
-	fmt.Fprintf(o.Out, "\nConnectivity, from each pod (rows) to each pod (columns): ok = TCP to its server and ping both answered\n")
-	printMatrix(o.Out, pods, func(i, j int) string {
+// printConnectivity prints the matrix of probes and the failed ones, and
+// returns how many failed.
+func printConnectivity(w io.Writer, pods []*corev1.Pod, probes []DemoProbe) (failed int) {
+	fmt.Fprintf(w, "\nConnectivity, from each pod (rows) to each pod (columns): ok = TCP to its server and ping both answered\n")
+	printMatrix(w, pods, func(i, j int) string {
 		pr := probes[i*len(pods)+j]
 		switch {
 		case pr.OK():
@@ -123,7 +171,6 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 		}
 		return "FAIL"
 	})
-	failed := 0
 	var failures []string
 	for _, pr := range probes {
 		if !pr.OK() {
@@ -131,40 +178,29 @@ func Demo(ctx context.Context, s *State, o DemoOptions) (err error) {
 			failures = append(failures, fmt.Sprintf("%s -> %s: %s %s", pr.From, pr.To, pr.TCPErr, pr.Error))
 		}
 	}
-	fmt.Fprintf(o.Out, "%d of %d pod pairs reached each other (%d on the same node, %d across nodes)\n",
+	fmt.Fprintf(w, "%d of %d pod pairs reached each other (%d on the same node, %d across nodes)\n",
 		len(probes)-failed, len(probes), sameNodePairs(pods), len(probes)-sameNodePairs(pods))
 	for _, f := range failures {
-		fmt.Fprintf(o.Out, "  %s\n", f)
+		fmt.Fprintf(w, "  %s\n", f)
 	}
+	return failed
+}
 
-	serviceErr := demoService(ctx, cs, s, o, pods)
-
-	var policyErr error
-	if failed == 0 {
-		policyErr = demoPolicy(ctx, cs, o, pods, nsPaths)
-	} else {
-		fmt.Fprintf(o.Out, "\n(no NetworkPolicy demonstration: the pods do not all reach each other without one)\n")
-	}
-
-	fmt.Fprintf(o.Out, "\nBGP peers of each node (tabbyctl node status, inside the node)\n")
+// printDemoBGP prints each node's routes and BGP peers.
+func printDemoBGP(ctx context.Context, w io.Writer, s *State) {
+	fmt.Fprintf(w, "\nBGP peers of each node (tabbyctl node status, inside the node)\n")
 	for i := range s.Nodes {
 		n := &s.Nodes[i]
 		bs, err := NodeBGP(ctx, n)
 		if err != nil {
-			fmt.Fprintf(o.Out, "%s: %v\n", n.Name, err)
+			fmt.Fprintf(w, "%s: %v\n", n.Name, err)
 			continue
 		}
 		rt := bs.Routes
-		fmt.Fprintf(o.Out, "%s (%s, AS %d): %d routes programmed (%d learned over BGP, %d blackhole for its own block)\n",
+		fmt.Fprintf(w, "%s (%s, AS %d): %d routes programmed (%d learned over BGP, %d blackhole for its own block)\n",
 			n.Name, n.Address, bs.AS, rt.Programmed, rt.Learned, rt.Blackholes)
-		bs.PrintPeers(o.Out, "  ")
+		bs.PrintPeers(w, "  ")
 	}
-	var errs []error
-	if failed > 0 {
-		errs = append(errs, fmt.Errorf("%d of %d probes failed: see tabbyctl lab status and the logs in %s", failed, len(probes), s.Dir))
-	}
-	errs = append(errs, placementErr, serviceErr, policyErr)
-	return errors.Join(errs...)
 }
 
 // printMatrix writes a matrix of pods (rows: from, columns: to) whose

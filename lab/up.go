@@ -13,6 +13,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -127,17 +128,8 @@ func (o *Options) defaults() error {
 // removes everything. On failure the lab is removed (unless KeepOnFailure)
 // and the error says what went wrong with the end of the log concerned.
 func Up(ctx context.Context, o Options) (st *State, err error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("the lab needs root (network namespaces, mounts, cgroups, a control plane): run it with sudo")
-	}
-	if err := o.defaults(); err != nil {
-		return nil, err
-	}
-	l := Layout{Name: o.Name, Nodes: o.Nodes, Subnets: o.Subnets}
-	if left := listNetNS(l.Prefix()); len(left) > 0 {
-		return nil, fmt.Errorf("a lab named %s is already up (namespaces %v): remove it with tabbyctl lab down (with its --dir), or pick another --name", o.Name, left)
-	}
-	if err := preflight(&o); err != nil {
+	l, err := checkUp(&o)
+	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -154,48 +146,19 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 		return nil, err
 	}
 	defer unlock()
-	st = &State{
-		Version:    stateVersion,
-		Name:       o.Name,
-		Dir:        o.Dir,
-		Created:    time.Now().UTC().Truncate(time.Second),
-		Subnets:    o.Subnets,
-		PodCIDR:    o.PodCIDR,
-		CreatedDir: created,
-		Binaries:   bins,
-	}
+	st = newState(&o, created, bins)
 	if err := st.update(func(*State) {}); err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err == nil || o.KeepOnFailure {
-			return
-		}
-		if derr := down(context.Background(), st, o.Name, o.Dir, io.Discard); derr != nil {
-			err = fmt.Errorf("%w\n(removing the half-made lab failed too: %v; run tabbyctl lab down --dir %s)", err, derr, o.Dir)
-		} else {
-			err = fmt.Errorf("%w\n(the half-made lab is removed; --keep-on-failure keeps it and its logs to look at)", err)
-		}
-	}()
+	defer func() { err = removeFailed(err, st, &o) }()
 	o.progress("lab %s in %s: %d nodes (%s, runc) on %d subnet(s)", o.Name, o.Dir, o.Nodes, runtimeName(o.Runtime), o.Subnets)
-	images, tabbyImage, err := buildImages(ctx, st, &o)
+	images, tabbyImage, err := buildLabImages(ctx, st, &o, start)
 	if err != nil {
 		return st, err
 	}
-	if err := st.update(func(s *State) { s.Images, s.TabbyImage = images, tabbyImage }); err != nil {
+	if err := buildNetwork(st, l, &o); err != nil {
 		return st, err
 	}
-	o.progress("images: %d built or found in the cache (tabby's is %s) [%.1fs]", len(images), tabbyImage, time.Since(start).Seconds())
-	if err := buildUnderlay(st, l); err != nil {
-		return st, err
-	}
-	for i := 1; i <= o.Nodes; i++ {
-		if err := buildNode(st, l, i, o.Runtime); err != nil {
-			return st, err
-		}
-	}
-	o.progress("underlay: %s with bridges %v, router %s (no route out), node namespaces %s..%s",
-		l.UnderlayNS(), bridges(o.Subnets), l.RouterNS(), l.NodeNS(1), l.NodeNS(o.Nodes))
 	ca, err := newLabCA(st.pkiDir())
 	if err != nil {
 		return st, err
@@ -206,58 +169,22 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, o.ReadyTimeout)
 	defer cancel()
-	g, gctx := errgroup.WithContext(rctx)
-	g.SetLimit(4)
-	for i := range st.Nodes {
-		g.Go(func() error { return startNode(gctx, st, &st.Nodes[i], ca, cp.cs, images) })
-	}
-	if err := g.Wait(); err != nil {
+	if err := startNodes(rctx, st, ca, cp.cs, images); err != nil {
 		return st, err
 	}
 	o.progress("nodes: containerd and kubelet running on %d nodes, images imported, Nodes registered [%.1fs]", o.Nodes, time.Since(start).Seconds())
-	if err := waitDaemonSet(rctx, cp.cs, "kube-system", "kube-proxy", o.Nodes); err != nil {
-		return st, fmt.Errorf("waiting for kube-proxy: %w", err)
-	}
-	if err := waitDaemonSet(rctx, cp.cs, tabbyNamespace, "tabby-node", o.Nodes); err != nil {
-		return st, fmt.Errorf("waiting for tabby (see kubectl -n %s logs ds/tabby-node): %w", tabbyNamespace, err)
+	if err := waitDaemonSets(rctx, cp.cs, o.Nodes); err != nil {
+		return st, err
 	}
 	o.progress("tabby-node ready on every node, kube-proxy too [%.1fs]", time.Since(start).Seconds())
 	if st.PodCIDR == "" {
-		// Without a pool tabby's CNI STATUS fails ("no usable IP pool"),
-		// so the nodes stay NotReady and CoreDNS Pending: the lab is up
-		// as far as it can be.
-		if err := waitExtenderAccepts(rctx, st); err != nil {
-			return st, fmt.Errorf("waiting for %s to pass every node: %w", ExtenderName, err)
-		}
-		o.progress("no IPPool (--pod-cidr \"\"): the nodes stay NotReady and CoreDNS Pending until you create one (kubectl apply an IPPool)")
-		if err := st.update(func(s *State) { s.Ready = true }); err != nil {
-			return st, err
-		}
-		o.progress("lab %s is up in %.1fs: %d nodes; kubeconfig: %s", o.Name, time.Since(start).Seconds(), o.Nodes, st.Kubeconfig)
-		return st, nil
+		return st, upWithoutPool(rctx, st, &o, start)
 	}
-	for i := range st.Nodes {
-		n := &st.Nodes[i]
-		err := poll(rctx, 100*time.Millisecond, func() error {
-			node, err := cp.cs.CoreV1().Nodes().Get(rctx, n.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			return nodeReady(node)
-		})
-		if err != nil {
-			return st, fmt.Errorf("waiting for %s to be Ready: %w", n.Name, err)
-		}
+	if err := waitNodesReady(rctx, cp.cs, st); err != nil {
+		return st, err
 	}
-	// kube-scheduler leaves a pod Pending when the extender filters out
-	// every node, and asks again only on some later change: wait until the
-	// extender has every node and its tabbyd's heartbeat Lease.
-	if err := waitExtenderAccepts(rctx, st); err != nil {
-		return st, fmt.Errorf("waiting for %s to pass every node: %w (its log: %s)", ExtenderName, err,
-			filepath.Join(st.ControlPlane.Dir, ExtenderName+".log"))
-	}
-	if err := waitDeployment(rctx, cp.cs, "kube-system", "coredns"); err != nil {
-		return st, fmt.Errorf("waiting for CoreDNS: %w", err)
+	if err := waitScheduling(rctx, cp.cs, st); err != nil {
+		return st, err
 	}
 	o.progress("CoreDNS ready behind kube-dns (%s); %s passes every node", ClusterDNS, ExtenderName)
 	if err := st.update(func(s *State) { s.Ready = true }); err != nil {
@@ -266,6 +193,151 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 	o.progress("lab %s is up in %.1fs: %d nodes Ready; kubeconfig: %s",
 		o.Name, time.Since(start).Seconds(), o.Nodes, st.Kubeconfig)
 	return st, nil
+}
+
+// checkUp checks that a lab can come up with o (defaulting it) and returns
+// its layout.
+func checkUp(o *Options) (Layout, error) {
+	if os.Geteuid() != 0 {
+		return Layout{}, errors.New("the lab needs root (network namespaces, mounts, cgroups, a control plane): run it with sudo")
+	}
+	if err := o.defaults(); err != nil {
+		return Layout{}, err
+	}
+	l := Layout{Name: o.Name, Nodes: o.Nodes, Subnets: o.Subnets}
+	if left := listNetNS(l.Prefix()); len(left) > 0 {
+		return Layout{}, fmt.Errorf("a lab named %s is already up (namespaces %v): remove it with tabbyctl lab down (with its --dir), or pick another --name", o.Name, left)
+	}
+	if err := preflight(o); err != nil {
+		return Layout{}, err
+	}
+	return l, nil
+}
+
+// newState is the state of a lab about to come up.
+func newState(o *Options, createdDir bool, bins Binaries) *State {
+	return &State{
+		Version:    stateVersion,
+		Name:       o.Name,
+		Dir:        o.Dir,
+		Created:    time.Now().UTC().Truncate(time.Second),
+		Subnets:    o.Subnets,
+		PodCIDR:    o.PodCIDR,
+		CreatedDir: createdDir,
+		Binaries:   bins,
+	}
+}
+
+// removeFailed removes the half-made lab when Up failed with err (unless
+// o.KeepOnFailure), and says in the error what became of it.
+func removeFailed(err error, st *State, o *Options) error {
+	if err == nil || o.KeepOnFailure {
+		return err
+	}
+	if derr := down(context.Background(), st, o.Name, o.Dir, io.Discard); derr != nil {
+		return fmt.Errorf("%w\n(removing the half-made lab failed too: %v; run tabbyctl lab down --dir %s)", err, derr, o.Dir)
+	}
+	return fmt.Errorf("%w\n(the half-made lab is removed; --keep-on-failure keeps it and its logs to look at)", err)
+}
+
+// buildLabImages builds (or finds in the cache) the images the nodes
+// import, and records them in the state.
+func buildLabImages(ctx context.Context, st *State, o *Options, start time.Time) (images []string, tabbyImage string, err error) {
+	images, tabbyImage, err = buildImages(ctx, st, o)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := st.update(func(s *State) { s.Images, s.TabbyImage = images, tabbyImage }); err != nil {
+		return nil, "", err
+	}
+	o.progress("images: %d built or found in the cache (tabby's is %s) [%.1fs]", len(images), tabbyImage, time.Since(start).Seconds())
+	return images, tabbyImage, nil
+}
+
+// buildNetwork makes the underlay and the node namespaces.
+func buildNetwork(st *State, l Layout, o *Options) error {
+	if err := buildUnderlay(st, l); err != nil {
+		return err
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		if err := buildNode(st, l, i, o.Runtime); err != nil {
+			return err
+		}
+	}
+	o.progress("underlay: %s with bridges %v, router %s (no route out), node namespaces %s..%s",
+		l.UnderlayNS(), bridges(o.Subnets), l.RouterNS(), l.NodeNS(1), l.NodeNS(o.Nodes))
+	return nil
+}
+
+// startNodes starts every node's containerd and kubelet, a few at a time.
+func startNodes(ctx context.Context, st *State, ca *labCA, cs kubernetes.Interface, images []string) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(4)
+	for i := range st.Nodes {
+		g.Go(func() error { return startNode(gctx, st, &st.Nodes[i], ca, cs, images) })
+	}
+	return g.Wait()
+}
+
+// waitDaemonSets waits for kube-proxy and tabby-node on every node.
+func waitDaemonSets(ctx context.Context, cs kubernetes.Interface, nodes int) error {
+	if err := waitDaemonSet(ctx, cs, "kube-system", "kube-proxy", nodes); err != nil {
+		return fmt.Errorf("waiting for kube-proxy: %w", err)
+	}
+	if err := waitDaemonSet(ctx, cs, tabbyNamespace, "tabby-node", nodes); err != nil {
+		return fmt.Errorf("waiting for tabby (see kubectl -n %s logs ds/tabby-node): %w", tabbyNamespace, err)
+	}
+	return nil
+}
+
+// upWithoutPool finishes a lab with no IPPool.
+func upWithoutPool(ctx context.Context, st *State, o *Options, start time.Time) error {
+	// Without a pool tabby's CNI STATUS fails ("no usable IP pool"),
+	// so the nodes stay NotReady and CoreDNS Pending: the lab is up
+	// as far as it can be.
+	if err := waitExtenderAccepts(ctx, st); err != nil {
+		return fmt.Errorf("waiting for %s to pass every node: %w", ExtenderName, err)
+	}
+	o.progress("no IPPool (--pod-cidr \"\"): the nodes stay NotReady and CoreDNS Pending until you create one (kubectl apply an IPPool)")
+	if err := st.update(func(s *State) { s.Ready = true }); err != nil {
+		return err
+	}
+	o.progress("lab %s is up in %.1fs: %d nodes; kubeconfig: %s", o.Name, time.Since(start).Seconds(), o.Nodes, st.Kubeconfig)
+	return nil
+}
+
+// waitNodesReady waits for every Node to be Ready.
+func waitNodesReady(ctx context.Context, cs kubernetes.Interface, st *State) error {
+	for i := range st.Nodes {
+		n := &st.Nodes[i]
+		err := poll(ctx, 100*time.Millisecond, func() error {
+			node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			return nodeReady(node)
+		})
+		if err != nil {
+			return fmt.Errorf("waiting for %s to be Ready: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// waitScheduling waits until pods can be scheduled and resolve names: the
+// extender passes every node and CoreDNS is ready.
+func waitScheduling(ctx context.Context, cs kubernetes.Interface, st *State) error {
+	// kube-scheduler leaves a pod Pending when the extender filters out
+	// every node, and asks again only on some later change: wait until the
+	// extender has every node and its tabbyd's heartbeat Lease.
+	if err := waitExtenderAccepts(ctx, st); err != nil {
+		return fmt.Errorf("waiting for %s to pass every node: %w (its log: %s)", ExtenderName, err,
+			filepath.Join(st.ControlPlane.Dir, ExtenderName+".log"))
+	}
+	if err := waitDeployment(ctx, cs, "kube-system", "coredns"); err != nil {
+		return fmt.Errorf("waiting for CoreDNS: %w", err)
+	}
+	return nil
 }
 
 func bridges(n int) []string {
