@@ -59,6 +59,17 @@ forward to the API server.
 	return cmd
 }
 
+// withLab is a RunE that loads the lab in *dir and hands it to f.
+func withLab(dir *string, f func(cmd *cobra.Command, args []string, st *lab.State) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		st, err := lab.Load(*dir)
+		if err != nil {
+			return err
+		}
+		return f(cmd, args, st)
+	}
+}
+
 // signalContext ends on SIGINT or SIGTERM.
 func signalContext(parent context.Context) (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
@@ -197,17 +208,13 @@ kubelet, tabby-node pod, readiness), each node's BGP peers and the pods.
 -o wide adds each node's subnet and runtime and the peers' wide columns of
 tabbyctl node status; -o json and -o yaml print the whole report.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := lab.Load(*dir)
-			if err != nil {
-				return err
-			}
+		RunE: withLab(dir, func(cmd *cobra.Command, _ []string, st *lab.State) error {
 			r := lab.Inspect(cmd.Context(), st)
 			return printOutput(cmd.OutOrStdout(), output, r, func(w io.Writer, wide bool) error {
 				r.Write(w, wide)
 				return nil
 			})
-		},
+		}),
 	}
 	addOutputFlag(cmd, &output, false, true)
 	return cmd
@@ -218,17 +225,13 @@ func labKubeconfigCommand(dir *string) *cobra.Command {
 		Use:   "kubeconfig",
 		Short: "print the path of an admin kubeconfig that works from the host",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := lab.Load(*dir)
-			if err != nil {
-				return err
-			}
+		RunE: withLab(dir, func(cmd *cobra.Command, _ []string, st *lab.State) error {
 			if st.Kubeconfig == "" {
 				return fmt.Errorf("the lab in %s has no kubeconfig yet (lab up did not get that far)", *dir)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), st.Kubeconfig)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -237,17 +240,13 @@ func labExecCommand(dir *string) *cobra.Command {
 		Use:   "exec NAMESPACE/POD -- COMMAND [ARGS...]",
 		Short: "run a command in a pod's network namespace (stdin, stdout, stderr and exit status pass through)",
 		Args:  cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: withLab(dir, func(cmd *cobra.Command, args []string, st *lab.State) error {
 			ref, argv := args[0], args[1:]
 			if argv[0] == "--" {
 				argv = argv[1:]
 			}
-			st, err := lab.Load(*dir)
-			if err != nil {
-				return err
-			}
 			return lab.Exec(cmd.Context(), st, ref, argv)
-		},
+		}),
 	}
 	// Everything after the pod is the command's, flags included.
 	cmd.Flags().SetInterspersed(false)
@@ -260,17 +259,13 @@ func labRestartCommand(dir *string) *cobra.Command {
 		Use:   "restart NODE " + strings.Join(lab.Components, "|"),
 		Short: "restart a node's kubelet or containerd (pods keep running), or its tabbyd (deletes its tabby-node pod)",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := lab.Load(*dir)
-			if err != nil {
-				return err
-			}
+		RunE: withLab(dir, func(cmd *cobra.Command, args []string, st *lab.State) error {
 			if err := lab.Restart(cmd.Context(), st, args[0], args[1], grace); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s of %s restarted\n", args[1], args[0])
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long to wait after SIGTERM before SIGKILL (tabbyd: the pod's grace period)")
 	return cmd
@@ -284,15 +279,11 @@ func labNodeRootCommand(dir *string) *cobra.Command {
 		Short:  "make a node's private mounts and hold its mount namespace (lab up starts it under unshare --mount)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := lab.Load(*dir)
-			if err != nil {
-				return err
-			}
+		RunE: withLab(dir, func(cmd *cobra.Command, _ []string, st *lab.State) error {
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			return lab.RunNodeRoot(ctx, st, node, hostMountNS)
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&node, "node", "", "the node's name")
 	cmd.Flags().Uint64Var(&hostMountNS, "host-mount-ns", 0, "inode of the mount namespace this one must not be (lab up's)")
@@ -310,13 +301,9 @@ image is neither preloaded nor loaded fails with ErrImagePull naming the
 image. Give the pod a tag other than latest (or imagePullPolicy: IfNotPresent)
 so that kubelet uses the loaded image.`,
 		Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := lab.Load(*dir)
-			if err != nil {
-				return err
-			}
+		RunE: withLab(dir, func(cmd *cobra.Command, args []string, st *lab.State) error {
 			return lab.LoadImages(cmd.Context(), st, args, cmd.OutOrStdout())
-		},
+		}),
 	}
 }
 
@@ -326,11 +313,7 @@ func labForwardCommand(dir *string) *cobra.Command {
 		Short:  "relay the listening socket on fd 3 to the lab's API server (lab up starts it)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := lab.Load(*dir)
-			if err != nil {
-				return err
-			}
+		RunE: withLab(dir, func(cmd *cobra.Command, _ []string, st *lab.State) error {
 			ln, err := net.FileListener(os.NewFile(3, "listener"))
 			if err != nil {
 				return fmt.Errorf("the forward expects its listening socket as fd 3 (lab up hands it over): %w", err)
@@ -338,7 +321,7 @@ func labForwardCommand(dir *string) *cobra.Command {
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			return lab.RunForward(ctx, st, ln)
-		},
+		}),
 	}
 }
 
