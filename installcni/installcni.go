@@ -49,6 +49,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/daemon/cnitoken"
+	"github.com/tabbynet/tabby/internal/filehash"
 	"github.com/tabbynet/tabby/internal/logging"
 )
 
@@ -478,7 +479,7 @@ func (o Options) sources() ([]source, error) {
 		case !st.Mode().IsRegular():
 			return fmt.Errorf("the plugin binary %s is not a regular file", path)
 		}
-		sum, err := hashFile(path)
+		sum, err := filehash.SHA256(path)
 		if err != nil {
 			return fmt.Errorf("reading the plugin binary %s: %w", path, err)
 		}
@@ -762,24 +763,11 @@ func current(path, want string, mode fs.FileMode) (sum string, same bool, err er
 		// A symlink or another kind of file is replaced by a regular file.
 		return "", false, nil
 	}
-	sum, err = hashFile(path)
+	sum, err = filehash.SHA256(path)
 	if err != nil {
 		return "", false, fmt.Errorf("reading %s: %w", path, err)
 	}
 	return sum, sum == want && st.Mode().Perm() == mode, nil
-}
-
-func hashFile(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // writeAtomic writes r to a temporary file next to dst, syncs it, gives it

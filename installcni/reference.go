@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+
+	"github.com/tabbynet/tabby/internal/filehash"
 )
 
 // DefaultReferencePlugins are the reference CNI plugins
@@ -220,7 +222,7 @@ func (o Options) planReference() ([]refPlan, error) {
 		case !st.Mode().IsRegular():
 			return nil, fmt.Errorf("the plugin binary %s is not a regular file", imagePath)
 		default:
-			sum, err := hashFile(imagePath)
+			sum, err := filehash.SHA256(imagePath)
 			if err != nil {
 				return nil, fmt.Errorf("reading the plugin binary %s: %w", imagePath, err)
 			}
@@ -246,7 +248,7 @@ func (o Options) planReference() ([]refPlan, error) {
 		case st.IsDir():
 			return nil, fmt.Errorf("%s is a folder where a file belongs: remove it", p.hostPath)
 		}
-		hostSum, _ := hashFile(p.hostPath) // "" for a link that leads nowhere from here
+		hostSum, _ := filehash.SHA256(p.hostPath) // "" for a link that leads nowhere from here
 		if img != nil && hostSum == img.sum {
 			// Ours already (installBinary fixes the mode if need be).
 			p.install, p.version, p.what, p.ours = img, imageVersion, img.path, true

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tabbynet/tabby/internal/filehash"
 	"github.com/tabbynet/tabby/lab/labimage"
 )
 
@@ -100,7 +101,7 @@ func specKey(spec labimage.Spec) (string, error) {
 		if f.Src == "" {
 			continue
 		}
-		if err := hashInto(h, f.Src); err != nil {
+		if err := filehash.Copy(h, f.Src); err != nil {
 			return "", err
 		}
 	}
@@ -111,21 +112,11 @@ func specKey(spec labimage.Spec) (string, error) {
 func filesHash(dir string, names []string) (string, error) {
 	h := sha256.New()
 	for _, n := range names {
-		if err := hashInto(h, filepath.Join(dir, n)); err != nil {
+		if err := filehash.Copy(h, filepath.Join(dir, n)); err != nil {
 			return "", err
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func hashInto(w io.Writer, path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = io.Copy(w, f)
-	return err
 }
 
 // pruneImages keeps the keep most recently used tarballs whose names start

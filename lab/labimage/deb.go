@@ -5,8 +5,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/filehash"
 )
 
 // DebCache keeps Debian packages (.deb files) in a folder, one file per
@@ -201,7 +201,7 @@ func (c *DebCache) download(ctx context.Context, recs []record) error {
 	}
 	for _, de := range ents {
 		p := filepath.Join(tmp, de.Name())
-		sum, err := fileSHA256(p)
+		sum, err := filehash.SHA256(p)
 		if err != nil {
 			return err
 		}
@@ -308,19 +308,6 @@ func parseRecords(out string) []record {
 	}
 	flush()
 	return recs
-}
-
-func fileSHA256(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 func lastLines(s string, n int) string {
