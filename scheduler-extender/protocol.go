@@ -369,39 +369,30 @@ func (h *Handler) resolve(args *extenderv1.ExtenderArgs) (nodes []*v1.Node, unre
 	return nodes, unresolved
 }
 
-// request is a filter or prioritize request: its arguments and the Nodes
-// they name (unresolved: the names that are not Nodes yet, with why).
-type request struct {
-	args       *extenderv1.ExtenderArgs
-	nodes      []*v1.Node
-	unresolved map[string]string
-	release    func() // the request's slot
-}
-
-// readRequest reads the request's arguments (answering the error when it
-// cannot), waits for the pods placed before it and resolves its nodes.
-// When ok the caller releases the request.
-func (h *Handler) readRequest(w *statusWriter, orig http.ResponseWriter, r *http.Request) (req request, ok bool) {
-	args, release, err := h.readArgs(orig, r)
-	if err != nil {
-		writeRequestError(w, err)
-		return request{}, false
-	}
-	h.awaitPlacements(r.Context(), args.Pod)
-	nodes, unresolved := h.resolve(args)
-	return request{args: args, nodes: nodes, unresolved: unresolved, release: release}, true
+// serveRequest instruments a filter or prioritize request, reads its
+// arguments (answering the error when it cannot), waits for the pods placed
+// before it, resolves its nodes (unresolved: the names that are no Node
+// yet, with why) and hands them to f, holding the request's slot until f
+// returns.
+func (h *Handler) serveRequest(endpoint string, w http.ResponseWriter, r *http.Request,
+	f func(w *statusWriter, args *extenderv1.ExtenderArgs, nodes []*v1.Node, unresolved map[string]string)) {
+	h.instrument(endpoint, w, func(w *statusWriter, orig http.ResponseWriter) {
+		args, release, err := h.readArgs(orig, r)
+		if err != nil {
+			writeRequestError(w, err)
+			return
+		}
+		defer release()
+		h.awaitPlacements(r.Context(), args.Pod)
+		nodes, unresolved := h.resolve(args)
+		f(w, args, nodes, unresolved)
+	})
 }
 
 // ServeFilter answers POST /filter with an ExtenderFilterResult: passing
 // nodes as Nodes, or as NodeNames when the request carried NodeNames.
 func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
-	h.instrument("filter", w, func(w *statusWriter, orig http.ResponseWriter) {
-		req, ok := h.readRequest(w, orig, r)
-		if !ok {
-			return
-		}
-		defer req.release()
-		args, nodes, unresolved := req.args, req.nodes, req.unresolved
+	h.serveRequest("filter", w, r, func(w *statusWriter, args *extenderv1.ExtenderArgs, nodes []*v1.Node, unresolved map[string]string) {
 		res := h.Scheduler.Filter(r.Context(), args.Pod, nodes)
 		h.Metrics.verdict(res, unresolved)
 		if h.Placements != nil {
@@ -442,13 +433,7 @@ func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
 // ServePrioritize answers POST /prioritize with a HostPriorityList, every
 // score within 0..10.
 func (h *Handler) ServePrioritize(w http.ResponseWriter, r *http.Request) {
-	h.instrument("prioritize", w, func(w *statusWriter, orig http.ResponseWriter) {
-		req, ok := h.readRequest(w, orig, r)
-		if !ok {
-			return
-		}
-		defer req.release()
-		args, nodes, unresolved := req.args, req.nodes, req.unresolved
+	h.serveRequest("prioritize", w, r, func(w *statusWriter, args *extenderv1.ExtenderArgs, nodes []*v1.Node, unresolved map[string]string) {
 		if len(unresolved) > 0 {
 			// Scoring without the Nodes would be a guess; kube-scheduler
 			// logs the error and ignores this extender's scores.
