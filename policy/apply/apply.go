@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"slices"
 	"sync"
 	"time"
@@ -31,6 +30,7 @@ import (
 	"github.com/coreos/go-iptables/iptables"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/netfilter"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -66,9 +66,8 @@ type Applier struct {
 	mu      sync.Mutex
 	log     *slog.Logger
 	backend iptbackend.Backend
-	ipset   string
+	ipsets  *netfilter.IPSets
 	resync  time.Duration
-	wait    string
 	fams    [2]*family // nil: family not programmed
 	skip    [2]bool
 
@@ -76,7 +75,7 @@ type Applier struct {
 	// known is true.
 	known    bool
 	lastRead time.Time
-	sets     map[string]*kernelSet
+	sets     map[string]*netfilter.Set
 	tmpSeq   int
 
 	// last is the most recent desired state, for CheckJumps.
@@ -85,12 +84,9 @@ type Applier struct {
 
 // family is one of iptables (IPv4) and ip6tables (IPv6).
 type family struct {
-	idx   int
-	name  string // IPv4, IPv6
-	proto iptables.Protocol
-	ipt   *iptables.IPTables
-	save  string
-	rest  string
+	idx  int
+	name string // IPv4, IPv6
+	ipt  *netfilter.IPTables
 	// chains are the policy chains in the kernel: what the applier wrote
 	// (want, when written) and what iptables-save printed for it
 	// afterwards.
@@ -140,24 +136,18 @@ func (s Stats) Changed() int {
 // New returns an Applier for the network namespace of the calling thread.
 // It changes nothing in the kernel.
 func New(opts Options) (*Applier, error) {
-	a := &Applier{log: opts.Logger, resync: opts.ResyncPeriod, ipset: opts.IPSet}
+	a := &Applier{log: opts.Logger, resync: opts.ResyncPeriod}
 	if a.log == nil {
 		a.log = slog.Default()
 	}
 	if a.resync == 0 {
 		a.resync = time.Minute
 	}
-	if opts.LockWait == 0 {
-		opts.LockWait = 10
+	ipsets, err := netfilter.NewIPSets(opts.IPSet)
+	if err != nil {
+		return nil, fmt.Errorf("NetworkPolicy: %w", err)
 	}
-	a.wait = fmt.Sprint(opts.LockWait)
-	if a.ipset == "" {
-		p, err := exec.LookPath("ipset")
-		if err != nil {
-			return nil, fmt.Errorf("NetworkPolicy needs the ipset command: %w (install ipset)", err)
-		}
-		a.ipset = p
-	}
+	a.ipsets = ipsets
 	if opts.Backend != nil {
 		a.backend = *opts.Backend
 	} else {
@@ -177,17 +167,12 @@ func New(opts Options) (*Applier, error) {
 		if a.skip[i] {
 			continue
 		}
-		h, err := a.backend.Handle(p, opts.LockWait)
+		ipt, err := netfilter.NewIPTables(a.backend, p, opts.LockWait)
 		if err != nil {
 			return nil, err
 		}
-		f := &family{idx: i, name: [2]string{"IPv4", "IPv6"}[i], proto: p, ipt: h,
-			save: a.backend.Save(p), rest: a.backend.Restore(p),
+		a.fams[i] = &family{idx: i, name: ipt.Name, ipt: ipt,
 			chains: map[string]*kernelChain{}, jumps: map[string]*kernelJumps{}}
-		if f.save == "" || f.rest == "" {
-			return nil, fmt.Errorf("the %s backend has no %s-save or -restore (install iptables)", a.backend.Mode, [2]string{"iptables", "ip6tables"}[i])
-		}
-		a.fams[i] = f
 	}
 	return a, nil
 }
@@ -314,11 +299,7 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 // built-in chains' rules, which it returns.
 func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error) {
 	var builtins [2]map[string][]string
-	out, err := run(ctx, "", a.ipset, "save")
-	if err != nil {
-		return builtins, fmt.Errorf("reading the ipsets: %w (does the kernel have ipset support? load ip_set and its hash modules)", err)
-	}
-	sets, err := parseIPSetSave(out)
+	sets, err := a.ipsets.Save(ctx, policy.SetPrefix)
 	if err != nil {
 		return builtins, err
 	}
@@ -340,11 +321,11 @@ func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error
 }
 
 func (a *Applier) readFilter(ctx context.Context, f *family) (filterTable, error) {
-	out, err := run(ctx, "", f.save, "-t", "filter")
+	t, err := f.ipt.Save(ctx, "filter")
 	if err != nil {
-		return filterTable{}, fmt.Errorf("reading the %s filter table: %w", f.name, err)
+		return filterTable{}, err
 	}
-	return parseFilter(out), nil
+	return ofFilter(t), nil
 }
 
 // remember updates the memory of f's chains from what the kernel prints:

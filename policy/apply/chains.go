@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
+
+	"github.com/tabbynet/tabby/internal/netfilter"
 )
 
 // writeChains writes, in one iptables-restore --noflush transaction, every
@@ -32,19 +33,17 @@ func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, ali
 	if len(write) == 0 {
 		return nil
 	}
-	var b strings.Builder
-	b.WriteString("*filter\n")
+	tx := netfilter.NewTx("filter")
 	for _, name := range write {
-		b.WriteString(":" + name + " - [0:0]\n")
+		tx.Declare(name)
 	}
 	for _, name := range write {
 		for _, r := range rules[name] {
-			b.WriteString("-A " + name + " " + ruleLine(r) + "\n")
+			tx.Append(name, r)
 		}
 	}
-	b.WriteString("COMMIT\n")
 	st.Restores++
-	if _, err := run(ctx, b.String(), f.rest, "--noflush", "--wait", a.wait); err != nil {
+	if err := f.ipt.Apply(ctx, tx); err != nil {
 		return fmt.Errorf("writing %d %s policy chains: %w", len(write), f.name, err)
 	}
 	st.ChainsWritten += len(write)
@@ -102,6 +101,17 @@ func (a *Applier) chainsChange(d *desired) bool {
 // (which, with thousands of set matches, takes tens of milliseconds).
 const readBackOneByOne = 8
 
+// deleteChains adds to tx the deletion of chains: all flushed first, so
+// they may name each other, then deleted.
+func deleteChains(tx *netfilter.Tx, chains []string) {
+	for _, name := range chains {
+		tx.Declare(name)
+	}
+	for _, name := range chains {
+		tx.DeleteChain(name)
+	}
+}
+
 // namesAny reports whether rules name one of the sets alias maps.
 func namesAny(rules [][]string, alias map[string]string) bool {
 	if len(alias) == 0 {
@@ -146,17 +156,10 @@ func (a *Applier) deleteStaleChains(ctx context.Context, f *family, w *wantFamil
 		return nil
 	}
 	slices.Sort(stale)
-	var b strings.Builder
-	b.WriteString("*filter\n")
-	for _, name := range stale {
-		b.WriteString(":" + name + " - [0:0]\n")
-	}
-	for _, name := range stale {
-		b.WriteString("-X " + name + "\n")
-	}
-	b.WriteString("COMMIT\n")
+	tx := netfilter.NewTx("filter")
+	deleteChains(tx, stale)
 	st.Restores++
-	if _, err := run(ctx, b.String(), f.rest, "--noflush", "--wait", a.wait); err != nil {
+	if err := f.ipt.Apply(ctx, tx); err != nil {
 		return fmt.Errorf("removing %d %s policy chains no longer wanted (does a rule outside tabby's chains jump to one?): %w", len(stale), f.name, err)
 	}
 	for _, name := range stale {

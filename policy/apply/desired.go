@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tabbynet/tabby/internal/netfilter"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -154,7 +155,7 @@ func validate(rs *policy.Ruleset, skip [2]bool) (*desired, error) {
 			bad("jump %q: chain %q is not one of %s", strings.Join(j.Rule, " "), j.Chain, strings.Join(builtins, ", "))
 			continue
 		}
-		t := target(j.Rule)
+		t := netfilter.Target(j.Rule)
 		if !strings.HasPrefix(t, policy.PolicyChainPrefix) {
 			bad("jump %q in %s: its target %q is not a chain starting with %s (only such jumps are tabby's to keep and remove)", strings.Join(j.Rule, " "), j.Chain, t, policy.PolicyChainPrefix)
 			continue
@@ -279,7 +280,7 @@ func checkRule(rule []string, fam int, chains map[string][][]string, setFamily f
 			}
 		}
 	}
-	if t := target(rule); strings.HasPrefix(t, policy.ChainPrefix) {
+	if t := netfilter.Target(rule); strings.HasPrefix(t, policy.ChainPrefix) {
 		if !strings.HasPrefix(t, policy.PolicyChainPrefix) {
 			return fmt.Errorf("jumps to %s, which is not a policy chain (%s…)", t, policy.PolicyChainPrefix)
 		}
@@ -288,18 +289,6 @@ func checkRule(rule []string, fam int, chains map[string][][]string, setFamily f
 		}
 	}
 	return nil
-}
-
-// target is the -j/-g target of a rule, "" if it has none.
-func target(rule []string) string {
-	t := ""
-	for i := 0; i+1 < len(rule); i++ {
-		switch rule[i] {
-		case "-j", "--jump", "-g", "--goto":
-			t = rule[i+1]
-		}
-	}
-	return t
 }
 
 // normalizeMember returns a set member as `ipset save` prints it (the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tabbynet/tabby/internal/netfilter"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -185,22 +186,7 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestQuoteAndSplit(t *testing.T) {
-	for _, args := range [][]string{
-		{"-m", "comment", "--comment", "x/a", "-j", "ACCEPT"},
-		{"-m", "comment", "--comment", "kubernetes forwarding rules", "-j", "KUBE-FORWARD"},
-		{"--comment", `a "quoted" \ word`, "-j", "RETURN"},
-	} {
-		line := ruleLine(args)
-		if got := splitArgs(line); !slices.Equal(got, args) {
-			t.Errorf("splitArgs(ruleLine(%q)) = %q (line %s)", args, got, line)
-		}
-	}
-	// As iptables-save prints them.
-	got := splitArgs(`-m comment --comment "tabby:network-policy" -j TABBY-NP-FORWARD`)
-	if want := []string{"-m", "comment", "--comment", "tabby:network-policy", "-j", "TABBY-NP-FORWARD"}; !slices.Equal(got, want) {
-		t.Errorf("splitArgs = %q, want %q", got, want)
-	}
+func TestOurs(t *testing.T) {
 	for line, want := range map[string]bool{
 		`-m comment --comment "tabby:network-policy" -j TABBY-NP-FORWARD`: true,
 		`-i tab+ -g TABBY-NP-E-ABC`:                                       true,
@@ -234,42 +220,13 @@ COMMIT
 -A TABBY-ROUTING -j RETURN
 COMMIT
 `
-	ft := parseFilter(save)
+	ft := ofFilter(netfilter.ParseSave(save, "filter"))
 	want := filterTable{
 		chains:   map[string][]string{"TABBY-NP-EMPTY": {}, "TABBY-NP-FORWARD": {"-i tab+ -j TABBY-NP-POD"}},
 		builtins: map[string][]string{"FORWARD": {`-m comment --comment "tabby:network-policy" -j TABBY-NP-FORWARD`, "-j DOCKER-USER"}},
 	}
 	if diff := cmp.Diff(want, ft, cmp.AllowUnexported(filterTable{})); diff != "" {
-		t.Errorf("parseFilter (-want +got):\n%s", diff)
-	}
-}
-
-func TestParseIPSetSave(t *testing.T) {
-	save := `create admin hash:net family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1
-add admin 10.0.0.0/8
-create tabby-np-n4-x hash:net family inet hashsize 64 maxelem 1048576 bucketsize 12 initval 0x2
-add tabby-np-n4-x 10.1.0.0/16 nomatch
-add tabby-np-n4-x 10.0.0.0/8
-create tabby-np-q6-x hash:ip,port family inet6 hashsize 64 maxelem 1048576 bucketsize 12 initval 0x3
-add tabby-np-q6-x fd00::1,tcp:80
-create tabby-np-e4-x hash:net,iface family inet hashsize 64 maxelem 1048576 bucketsize 12 initval 0x4
-add tabby-np-e4-x 10.244.1.5,tab0123456789a
-add tabby-np-e4-x 10.1.0.0/16,eth0 nomatch
-`
-	sets, err := parseIPSetSave(save)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]*kernelSet{
-		"tabby-np-n4-x": {typ: policy.SetHashNet, family: "inet", members: map[string]bool{"10.1.0.0/16": true, "10.0.0.0/8": false}},
-		"tabby-np-q6-x": {typ: policy.SetHashIPPort, family: "inet6", members: map[string]bool{"fd00::1,tcp:80": false}},
-		"tabby-np-e4-x": {typ: policy.SetHashNetIface, family: "inet", members: map[string]bool{"10.244.1.5,tab0123456789a": false, "10.1.0.0/16,eth0": true}},
-	}
-	if diff := cmp.Diff(want, sets, cmp.AllowUnexported(kernelSet{})); diff != "" {
-		t.Errorf("parseIPSetSave (-want +got):\n%s", diff)
-	}
-	if _, err := parseIPSetSave("add tabby-np-x 10.0.0.1\n"); err == nil {
-		t.Error("a member before its set parsed")
+		t.Errorf("ofFilter (-want +got):\n%s", diff)
 	}
 }
 
@@ -277,19 +234,6 @@ func TestHashSize(t *testing.T) {
 	for n, want := range map[int]int{0: 64, 256: 64, 257: 64, 1000: 256, 5000: 2048, 1 << 20: 65536} {
 		if got := hashSize(n); got != want {
 			t.Errorf("hashSize(%d) = %d, want %d", n, got, want)
-		}
-	}
-}
-
-func TestFailedLine(t *testing.T) {
-	in := "*filter\n:TABBY-NP-A - [0:0]\n-A TABBY-NP-A -j TABBY-NP-GONE\nCOMMIT\n"
-	for _, msg := range []string{
-		"iptables-restore v1.8.9 (legacy): Couldn't load target `TABBY-NP-GONE'\n\nError occurred at line: 3",
-		"iptables-nft-restore: line 3 failed: Chain 'TABBY-NP-GONE' does not exist",
-		"ipset v7.17: Error in line 3: The set with the given name does not exist",
-	} {
-		if got := failedLine(msg, in); got != "-A TABBY-NP-A -j TABBY-NP-GONE" {
-			t.Errorf("failedLine(%q) = %q", msg, got)
 		}
 	}
 }

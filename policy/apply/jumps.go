@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/netfilter"
+	"github.com/tabbynet/tabby/policy"
 )
 
 // syncJumps keeps, in each of INPUT, FORWARD and OUTPUT, exactly the
@@ -74,17 +76,15 @@ func (a *Applier) syncJumps(ctx context.Context, f *family, want map[string][][]
 // rewriteJumps replaces tabby's jumps in built-in chain b (mine, as
 // printed) by w at the top, and remembers how the kernel prints them.
 func (a *Applier) rewriteJumps(ctx context.Context, f *family, b string, mine []string, w [][]string, st *Stats) error {
-	var in strings.Builder
-	in.WriteString("*filter\n")
+	tx := netfilter.NewTx("filter")
 	for _, l := range mine {
-		in.WriteString("-D " + b + " " + l + "\n")
+		tx.Delete(b, l)
 	}
 	for i, r := range w {
-		fmt.Fprintf(&in, "-I %s %d %s\n", b, i+1, ruleLine(r))
+		tx.Insert(b, i+1, r)
 	}
-	in.WriteString("COMMIT\n")
 	st.Restores++
-	if _, err := run(ctx, in.String(), f.rest, "--noflush", "--wait", a.wait); err != nil {
+	if err := f.ipt.Apply(ctx, tx); err != nil {
 		delete(f.jumps, b)
 		return fmt.Errorf("putting tabby's jumps at the top of %s %s: %w", f.name, b, err)
 	}
@@ -112,20 +112,14 @@ func (a *Applier) rewriteJumps(ctx context.Context, f *family, b string, mine []
 	return nil
 }
 
-// listRules lists a chain's rules with go-iptables, as printed after
-// "-A CHAIN ".
+// listRules lists a filter chain's rules, as printed after "-A CHAIN ";
+// a chain that is not there is an error.
 func (a *Applier) listRules(f *family, chain string) ([]string, error) {
-	out, err := f.ipt.List("filter", chain)
-	if err != nil {
-		return nil, fmt.Errorf("listing %s %s: %w", f.name, chain, err)
+	rules, ok, err := f.ipt.List("filter", chain)
+	if err == nil && !ok {
+		err = fmt.Errorf("listing %s filter %s: no such chain", f.name, chain)
 	}
-	rules := []string{} // not nil: an empty chain was read
-	for _, l := range out {
-		if rest, ok := strings.CutPrefix(l, "-A "+chain+" "); ok {
-			rules = append(rules, rest)
-		}
-	}
-	return rules, nil
+	return rules, err
 }
 
 // CheckJumps verifies that the jumps of the last Ruleset applied are at
@@ -190,43 +184,31 @@ func (a *Applier) Cleanup(ctx context.Context) (Stats, error) {
 			errs = append(errs, err)
 			continue
 		}
-		var in strings.Builder
-		in.WriteString("*filter\n")
+		tx := netfilter.NewTx("filter")
 		jumps := 0
 		for _, b := range builtins {
-			for _, l := range ft.builtins[b] {
-				if ours(l) {
-					in.WriteString("-D " + b + " " + l + "\n")
-					jumps++
-				}
+			for _, l := range netfilter.JumpsTo(ft.builtins[b], ownedChain) {
+				tx.Delete(b, l)
+				jumps++
 			}
 		}
 		names := slices.Sorted(maps.Keys(ft.chains))
-		for _, name := range names {
-			in.WriteString(":" + name + " - [0:0]\n")
-		}
-		for _, name := range names {
-			in.WriteString("-X " + name + "\n")
-		}
-		in.WriteString("COMMIT\n")
-		if jumps == 0 && len(names) == 0 {
+		deleteChains(tx, names)
+		if tx.Empty() {
 			continue
 		}
 		st.Restores++
-		if _, err := run(ctx, in.String(), f.rest, "--noflush", "--wait", a.wait); err != nil {
+		if err := f.ipt.Apply(ctx, tx); err != nil {
 			errs = append(errs, fmt.Errorf("removing tabby's %s policy chains and jumps: %w", f.name, err))
 			continue
 		}
 		st.JumpsDeleted += jumps
 		st.ChainsDeleted += len(names)
 	}
-	out, err := run(ctx, "", a.ipset, "save")
+	sets, err := a.ipsets.Save(ctx, policy.SetPrefix)
 	if err == nil {
-		var sets map[string]*kernelSet
-		if sets, err = parseIPSetSave(out); err == nil {
-			a.sets = sets
-			err = a.deleteStaleSets(ctx, &desired{}, nil, nil, &st)
-		}
+		a.sets = sets
+		err = a.deleteStaleSets(ctx, &desired{}, nil, nil, &st)
 	}
 	if err != nil {
 		errs = append(errs, err)

@@ -6,8 +6,9 @@ import (
 	"maps"
 	"math/bits"
 	"slices"
-	"strings"
+	"strconv"
 
+	"github.com/tabbynet/tabby/internal/netfilter"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -33,25 +34,25 @@ const MaxElem = 1 << 20
 // the temporary set, and the old set is destroyed once nothing names it
 // (doomed); the next pass (Apply runs it at once) creates the set under
 // its own name, rewrites the chains, and drops the temporary set.
-func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias map[string]string, doomed []string, later string, err error) {
-	var head, adds, dels strings.Builder
-	next := map[string]*kernelSet{}
+func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias map[string]string, doomed []string, later *netfilter.SetBatch, err error) {
+	var head, adds, dels netfilter.SetBatch
+	next := map[string]*netfilter.Set{}
 	var created, updated, added, removed int
 	create := func(name string, w *wantSet) {
-		fmt.Fprintf(&head, "create %s %s family %s hashsize %d maxelem %d\n", name, w.typ, w.family, hashSize(len(w.members)), MaxElem)
+		head.Create(name, string(w.typ), w.family, "hashsize", strconv.Itoa(hashSize(len(w.members))), "maxelem", strconv.Itoa(MaxElem))
 		for _, m := range slices.Sorted(maps.Keys(w.members)) {
-			addLine(&adds, name, m, w.members[m])
+			adds.Add(name, m, w.members[m])
 		}
 		created++
 		added += len(w.members)
-		next[name] = &kernelSet{typ: w.typ, family: w.family, members: maps.Clone(w.members)}
+		next[name] = w.kernel()
 	}
 	for _, name := range d.setNames {
 		w := d.sets[name]
 		k := a.sets[name]
-		if k != nil && (k.typ != w.typ || k.family != w.family) {
+		if k != nil && (k.Type != string(w.typ) || k.Family != w.family) {
 			tmp := a.tempSetName(d)
-			a.log.Info("ipset has the wrong type or family; replacing it", "set", name, "have", string(k.typ)+" "+k.family,
+			a.log.Info("ipset has the wrong type or family; replacing it", "set", name, "have", k.Type+" "+k.Family,
 				"want", string(w.typ)+" "+w.family, "meanwhile", tmp)
 			if alias == nil {
 				alias = map[string]string{}
@@ -66,30 +67,18 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 			create(name, w)
 			continue
 		}
-		var plus, minus []string
-		for m, nm := range w.members {
-			if knm, ok := k.members[m]; !ok || knm != nm {
-				plus = append(plus, m)
-			}
-		}
-		for m := range k.members {
-			if _, ok := w.members[m]; !ok {
-				minus = append(minus, m)
-			}
-		}
-		slices.Sort(plus)
-		slices.Sort(minus)
+		plus, minus := memberDiff(k, w)
 		for _, m := range plus {
-			addLine(&adds, name, m, w.members[m]) // with -exist, also updates nomatch in place
+			adds.Add(name, m, w.members[m]) // with -exist, also updates nomatch in place
 		}
 		for _, m := range minus {
-			fmt.Fprintf(&dels, "del %s %s\n", name, m)
+			dels.Del(name, m)
 		}
 		added += len(plus)
 		removed += len(minus)
 		if len(plus)+len(minus) > 0 {
 			updated++
-			next[name] = &kernelSet{typ: w.typ, family: w.family, members: maps.Clone(w.members)}
+			next[name] = w.kernel()
 		} else {
 			next[name] = k
 		}
@@ -101,15 +90,14 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 			next[name] = k
 		}
 	}
-	batch := head.String() + adds.String()
-	later = dels.String()
-	if later != "" && len(alias) == 0 && !a.chainsChange(d) {
-		batch, later = batch+later, ""
+	head.Append(&adds)
+	if !dels.Empty() && len(alias) == 0 && !a.chainsChange(d) {
+		head.Append(&dels)
+	} else {
+		later = &dels
 	}
-	if batch != "" {
-		if _, err := run(ctx, batch, a.ipset, "-exist", "restore"); err != nil {
-			return nil, nil, "", fmt.Errorf("updating the ipsets: %w", err)
-		}
+	if err := a.ipsets.Apply(ctx, &head, true); err != nil {
+		return nil, nil, nil, fmt.Errorf("updating the ipsets: %w", err)
 	}
 	a.sets = next
 	st.SetsCreated += created
@@ -119,26 +107,38 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 	return alias, doomed, later, nil
 }
 
+// memberDiff is what to add to k (missing, or with the wrong nomatch
+// flag) and what to delete from it, sorted, for it to hold w's members.
+func memberDiff(k *netfilter.Set, w *wantSet) (plus, minus []string) {
+	for m, nm := range w.members {
+		if knm, ok := k.Members[m]; !ok || knm != nm {
+			plus = append(plus, m)
+		}
+	}
+	for m := range k.Members {
+		if _, ok := w.members[m]; !ok {
+			minus = append(minus, m)
+		}
+	}
+	slices.Sort(plus)
+	slices.Sort(minus)
+	return plus, minus
+}
+
+// kernel is the set as the kernel has it once created or synced.
+func (w *wantSet) kernel() *netfilter.Set {
+	return &netfilter.Set{Type: string(w.typ), Family: w.family, Members: maps.Clone(w.members)}
+}
+
 // removeMembers runs the removals syncSets left for after the chains.
-func (a *Applier) removeMembers(ctx context.Context, dels string) error {
-	if dels == "" {
+func (a *Applier) removeMembers(ctx context.Context, dels *netfilter.SetBatch) error {
+	if dels == nil {
 		return nil
 	}
-	if _, err := run(ctx, dels, a.ipset, "-exist", "restore"); err != nil {
+	if err := a.ipsets.Apply(ctx, dels, true); err != nil {
 		return fmt.Errorf("removing ipset members: %w", err)
 	}
 	return nil
-}
-
-func addLine(b *strings.Builder, set, member string, nomatch bool) {
-	b.WriteString("add ")
-	b.WriteString(set)
-	b.WriteByte(' ')
-	b.WriteString(member)
-	if nomatch {
-		b.WriteString(" nomatch")
-	}
-	b.WriteByte('\n')
 }
 
 // hashSize is the initial hash size for n members: a power of two from 64
@@ -183,29 +183,13 @@ func (a *Applier) deleteStaleSets(ctx context.Context, d *desired, alias map[str
 		return nil
 	}
 	slices.Sort(stale)
-	var b strings.Builder
-	for _, name := range stale {
-		fmt.Fprintf(&b, "destroy %s\n", name)
-	}
-	if _, err := run(ctx, b.String(), a.ipset, "restore"); err == nil {
-		for _, name := range stale {
-			delete(a.sets, name)
-		}
-		st.SetsDeleted += len(stale)
-		return nil
-	}
-	// One failed: find which, and destroy the others.
-	var errs []string
-	for _, name := range stale {
-		if _, err := run(ctx, "", a.ipset, "destroy", name); err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
+	done, err := a.ipsets.Destroy(ctx, stale)
+	for _, name := range done {
 		delete(a.sets, name)
-		st.SetsDeleted++
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("removing ipsets tabby no longer needs (is a rule outside tabby's chains using them?): %s", strings.Join(errs, "; "))
+	st.SetsDeleted += len(done)
+	if err != nil {
+		return fmt.Errorf("removing ipsets tabby no longer needs (is a rule outside tabby's chains using them?): %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,88 @@
+package netfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/tabbynet/tabby/internal/iptbackend"
+)
+
+// IPTables is one family of one backend: iptables (IPv4) or ip6tables
+// (IPv6), legacy or nft, as internal/iptbackend found them.
+type IPTables struct {
+	// Name is IPv4 or IPv6, for messages.
+	Name          string
+	proto         iptables.Protocol
+	h             *iptables.IPTables
+	save, restore string
+	wait          string
+}
+
+// NewIPTables returns the family p of backend b. Every command waits up to
+// lockWait seconds for the xtables lock (0: 10).
+func NewIPTables(b iptbackend.Backend, p iptables.Protocol, lockWait int) (*IPTables, error) {
+	if lockWait == 0 {
+		lockWait = 10
+	}
+	h, err := b.Handle(p, lockWait)
+	if err != nil {
+		return nil, err
+	}
+	t := &IPTables{Name: "IPv4", proto: p, h: h, save: b.Save(p), restore: b.Restore(p), wait: strconv.Itoa(lockWait)}
+	if p == iptables.ProtocolIPv6 {
+		t.Name = "IPv6"
+	}
+	if t.save == "" || t.restore == "" {
+		return nil, fmt.Errorf("the %s backend has no %s-save or -restore (install iptables)", b.Mode, b.Command(p))
+	}
+	return t, nil
+}
+
+// Protocol is the family's go-iptables protocol.
+func (t *IPTables) Protocol() iptables.Protocol { return t.proto }
+
+// Apply runs tx with one `iptables-restore --noflush`; an empty tx runs
+// nothing. An error quotes the line restore refused.
+func (t *IPTables) Apply(ctx context.Context, tx *Tx) error {
+	if tx.Empty() {
+		return nil
+	}
+	_, err := run(ctx, tx.String(), t.restore, "--noflush", "--wait", t.wait)
+	return err
+}
+
+// Save reads one table with iptables-save.
+func (t *IPTables) Save(ctx context.Context, table string) (Table, error) {
+	out, err := run(ctx, "", t.save, "-t", table)
+	if err != nil {
+		return nil, fmt.Errorf("reading the %s %s table: %w", t.Name, table, err)
+	}
+	return ParseSave(out, table), nil
+}
+
+// List lists one chain's rules with `iptables -S`, as printed after
+// "-A CHAIN " (as iptables-save prints them); an empty chain gives an
+// empty, non-nil slice. exists is false, without an error, when there is
+// no such chain.
+func (t *IPTables) List(table, chain string) (rules []string, exists bool, err error) {
+	out, err := t.h.List(table, chain)
+	var ierr *iptables.Error
+	if errors.As(err, &ierr) && ierr.IsNotExist() {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("listing %s %s %s: %w", t.Name, table, chain, err)
+	}
+	rules = []string{}
+	for _, l := range out {
+		if rest, ok := strings.CutPrefix(l, "-A "+chain+" "); ok {
+			rules = append(rules, rest)
+		}
+	}
+	return rules, true, nil
+}
