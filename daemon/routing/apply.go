@@ -26,7 +26,7 @@ type Options struct {
 // next Apply. An Applier is not safe for concurrent use.
 type Applier struct {
 	log *slog.Logger
-	ipt iptablesCache
+	nf  kernel
 }
 
 // NewApplier returns an Applier.

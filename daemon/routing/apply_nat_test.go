@@ -1,11 +1,16 @@
 package routing
 
 import (
+	"fmt"
+	"net/netip"
 	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/internal/testnet"
@@ -222,4 +227,56 @@ func TestApplyNATOnLegacyHost(t *testing.T) {
 	in(t, n1.ns, n1.applier.Cleanup)
 	mustNotContain(t, "node1's legacy tables after Cleanup", sh(t, n1.ns, "iptables-legacy-save")+sh(t, n1.ns, "ip6tables-legacy-save"), NATChain)
 	mustContain(t, "node1's legacy nat table after Cleanup", sh(t, n1.ns, "iptables-legacy-save", "-t", "nat"), "-j KUBE-POSTROUTING")
+}
+
+// An upgraded tabbyd adopts NAT outgoing as the tabbyd before the shared
+// netfilter engine left it: sets made over netlink (revision 0, where the
+// ipset program makes the newest revision), the chain written by its own
+// iptables-restore, the jump inserted by go-iptables. Nothing is rewritten
+// or recreated: the nat tables and the sets read back byte for byte.
+func TestApplyNATAdoptsOlderTabbyd(t *testing.T) {
+	l := newLab(t, 1)
+	n1 := l.addNode(1, 1)
+	in(t, n1.ns, func() error {
+		for _, s := range []struct {
+			name   string
+			family uint8
+			cidr   string
+		}{
+			{SetAllPools, unix.AF_INET, "10.244.0.0/16"}, {SetNATPools, unix.AF_INET, "10.244.0.0/16"},
+			{SetAllPools + SetSuffixV6, unix.AF_INET6, "fd00:10:244::/56"}, {SetNATPools + SetSuffixV6, unix.AF_INET6, "fd00:10:244::/56"},
+		} {
+			if err := netlink.IpsetCreate(s.name, "hash:net", netlink.IpsetCreateOptions{Family: s.family}); err != nil {
+				return fmt.Errorf("creating %s over netlink: %w", s.name, err)
+			}
+			p := netip.MustParsePrefix(s.cidr)
+			if err := netlink.IpsetAdd(s.name, &netlink.IPSetEntry{IP: p.Addr().AsSlice(), CIDR: uint8(p.Bits())}); err != nil {
+				return fmt.Errorf("adding %s to %s: %w", p, s.name, err)
+			}
+		}
+		return nil
+	})
+	for _, c := range []struct{ cmd, v6 string }{{"iptables", ""}, {"ip6tables", SetSuffixV6}} {
+		restore := exec.Command(c.cmd+"-restore", "--noflush")
+		restore.Stdin = strings.NewReader("*nat\n:" + NATChain + " - [0:0]\n-F " + NATChain + "\n-A " + NATChain +
+			" -m set --match-set " + SetNATPools + c.v6 + " src -m set ! --match-set " + SetAllPools + c.v6 + " dst -j MASQUERADE\nCOMMIT\n")
+		in(t, n1.ns, func() error {
+			if out, err := restore.CombinedOutput(); err != nil {
+				return fmt.Errorf("%s-restore: %v: %s", c.cmd, err, out)
+			}
+			return nil
+		})
+		sh(t, n1.ns, c.cmd, "-t", "nat", "-I", "POSTROUTING", "1", "-m", "comment", "--comment", "tabby:nat-outgoing", "-j", NATChain)
+	}
+	kernel := func() string {
+		return sh(t, n1.ns, "iptables", "-t", "nat", "-S") + sh(t, n1.ns, "ip6tables", "-t", "nat", "-S") + sh(t, n1.ns, "ipset", "list")
+	}
+	before := kernel()
+	mustContain(t, "the sets an older tabbyd made", before, "Revision: 0")
+
+	st := n1.apply(t, Desired(l.inputs(n1, natPools(true)...)))
+	if st.NATRules != (Counts{Unchanged: 4}) || st.SetMembers != (Counts{Unchanged: 4}) {
+		t.Errorf("adopting an older tabbyd's NAT: rules %+v (want 4 unchanged), set members %+v (want 4 unchanged)", st.NATRules, st.SetMembers)
+	}
+	sameSnapshot(t, "adopting an older tabbyd's NAT", before, kernel())
 }

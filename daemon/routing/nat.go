@@ -1,21 +1,18 @@
 package routing
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
-	"os/exec"
 	"slices"
-	"strings"
 
 	"github.com/coreos/go-iptables/iptables"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/netfilter"
 )
 
 // natJump is the POSTROUTING rule that enters NATChain.
@@ -24,32 +21,33 @@ var natJump = []string{"-m", "comment", "--comment", contract.CommentPrefix + "n
 // natFamily is one family's names.
 type natFamily struct {
 	v6             bool
-	cmd            string // iptables or ip6tables
 	allSet, natSet string
-	setFamily      uint8
+	setFamily      string // the ipset family: inet, inet6
 	protocol       iptables.Protocol
 }
 
 var natFamilies = []natFamily{
-	{false, "iptables", SetAllPools, SetNATPools, unix.AF_INET, iptables.ProtocolIPv4},
-	{true, "ip6tables", SetAllPools + SetSuffixV6, SetNATPools + SetSuffixV6, unix.AF_INET6, iptables.ProtocolIPv6},
+	{false, SetAllPools, SetNATPools, "inet", iptables.ProtocolIPv4},
+	{true, SetAllPools + SetSuffixV6, SetNATPools + SetSuffixV6, "inet6", iptables.ProtocolIPv6},
 }
 
-// chainRules are the rules of NATChain, as `iptables -S` prints them:
-// masquerade what leaves a natOutgoing pool for somewhere outside every pool.
-func (f natFamily) chainRules() []string {
-	return []string{"-A " + NATChain + " -m set --match-set " + f.natSet + " src -m set ! --match-set " + f.allSet + " dst -j MASQUERADE"}
+// chainRules are the rules of NATChain: masquerade what leaves a
+// natOutgoing pool for somewhere outside every pool.
+func (f natFamily) chainRules() [][]string {
+	return [][]string{{"-m", "set", "--match-set", f.natSet, "src", "-m", "set", "!", "--match-set", f.allSet, "dst", "-j", "MASQUERADE"}}
 }
 
-// iptablesCache holds the iptables backend and the go-iptables handles,
-// found on first use: the backend is the one the host already uses
-// (iptbackend.Detect), so NAT and the NetworkPolicy chains land where
-// kube-proxy's and everyone else's rules are.
-type iptablesCache struct {
+// kernel holds the netfilter engine, found on first use: the iptables
+// backend is the one the host already uses (iptbackend.Detect), so NAT and
+// the NetworkPolicy chains land where kube-proxy's and everyone else's
+// rules are.
+type kernel struct {
 	backend *iptbackend.Backend
 	berr    error
-	h       [2]*iptables.IPTables
+	ipt     [2]*netfilter.IPTables
 	errs    [2]error
+	sets    *netfilter.IPSets
+	serr    error
 }
 
 // SetIPTablesBackend makes the Applier use backend b instead of detecting
@@ -57,34 +55,44 @@ type iptablesCache struct {
 // use) once, so that routing and policy always agree. Call it before the
 // first Apply.
 func (a *Applier) SetIPTablesBackend(b iptbackend.Backend) {
-	a.ipt = iptablesCache{backend: &b}
+	a.nf = kernel{backend: &b}
 }
 
-func (c *iptablesCache) getBackend() (*iptbackend.Backend, error) {
-	if c.backend == nil && c.berr == nil {
+func (k *kernel) getBackend() (*iptbackend.Backend, error) {
+	if k.backend == nil && k.berr == nil {
 		b, err := iptbackend.Detect(context.Background(), iptbackend.Options{})
 		if err != nil {
-			c.berr = fmt.Errorf("finding the iptables backend: %w", err)
+			k.berr = fmt.Errorf("finding the iptables backend: %w", err)
 		} else {
-			c.backend = &b
+			k.backend = &b
 		}
 	}
-	return c.backend, c.berr
+	return k.backend, k.berr
 }
 
-func (c *iptablesCache) get(f natFamily) (*iptables.IPTables, error) {
+func (k *kernel) iptables(f natFamily) (*netfilter.IPTables, error) {
 	i := 0
 	if f.v6 {
 		i = 1
 	}
-	if c.h[i] == nil && c.errs[i] == nil {
-		b, err := c.getBackend()
+	if k.ipt[i] == nil && k.errs[i] == nil {
+		b, err := k.getBackend()
 		if err != nil {
 			return nil, err
 		}
-		c.h[i], c.errs[i] = b.Handle(f.protocol, 10)
+		k.ipt[i], k.errs[i] = netfilter.NewIPTables(*b, f.protocol, 10)
 	}
-	return c.h[i], c.errs[i]
+	return k.ipt[i], k.errs[i]
+}
+
+func (k *kernel) ipsets() (*netfilter.IPSets, error) {
+	if k.sets == nil && k.serr == nil {
+		k.sets, k.serr = netfilter.NewIPSets("")
+		if k.serr != nil {
+			k.serr = fmt.Errorf("NAT outgoing: %w", k.serr)
+		}
+	}
+	return k.sets, k.serr
 }
 
 // applyNAT makes NAT outgoing of each family what n says: the two ipsets
@@ -92,14 +100,15 @@ func (c *iptablesCache) get(f natFamily) (*iptables.IPTables, error) {
 // top of POSTROUTING; a family without natOutgoing pools has none of them.
 // Nothing else in the nat table is changed or moved.
 func (a *Applier) applyNAT(n NAT, st *Stats) error {
+	ctx := context.Background()
 	var errs []error
 	for _, f := range natFamilies {
 		all, nat := ofFamily(n.AllPools, f.v6), ofFamily(n.NATPools, f.v6)
 		var err error
 		if len(nat) == 0 {
-			err = a.removeNAT(f, st)
+			err = a.removeNAT(ctx, f, st)
 		} else {
-			err = a.ensureNAT(f, all, nat, st)
+			err = a.ensureNAT(ctx, f, all, nat, st)
 		}
 		errs = append(errs, err)
 	}
@@ -116,71 +125,82 @@ func ofFamily(ps []netip.Prefix, v6 bool) []netip.Prefix {
 	return out
 }
 
-func (a *Applier) ensureNAT(f natFamily, all, nat []netip.Prefix, st *Stats) error {
-	ipt, err := a.ipt.get(f)
+func (a *Applier) ensureNAT(ctx context.Context, f natFamily, all, nat []netip.Prefix, st *Stats) error {
+	ipt, err := a.nf.iptables(f)
 	if err != nil {
 		return err
 	}
-	if err := a.syncSet(f.allSet, f.setFamily, all, &st.SetMembers); err != nil {
+	sets, err := a.nf.ipsets()
+	if err != nil {
 		return err
 	}
-	if err := a.syncSet(f.natSet, f.setFamily, nat, &st.SetMembers); err != nil {
+	have, err := sets.Get(ctx, f.allSet, f.natSet)
+	if err != nil {
+		return fmt.Errorf("%w (or turn natOutgoing off)", err)
+	}
+	for _, name := range []string{f.allSet, f.natSet} {
+		if s := have[name]; s != nil && (s.Type != "hash:net" || s.Family != f.setFamily) {
+			return fmt.Errorf("the ipset %s exists as %s family %s, not hash:net family %s: destroy it (ipset destroy %s) so tabby can recreate it", name, s.Type, s.Family, f.setFamily, name)
+		}
+	}
+	var batch netfilter.SetBatch
+	var c Counts
+	syncSet(&batch, f.allSet, f.setFamily, have[f.allSet], all, &c)
+	syncSet(&batch, f.natSet, f.setFamily, have[f.natSet], nat, &c)
+	if err := sets.Apply(ctx, &batch, true); err != nil {
+		return fmt.Errorf("updating the NAT outgoing ipsets: %w", err)
+	}
+	st.SetMembers.add(c)
+	if c.Changed() > 0 {
+		a.log.Info("NAT outgoing ipsets synced", "sets", []string{f.allSet, f.natSet}, "added", c.Added, "removed", c.Removed)
+	}
+	if err := a.syncChain(ctx, ipt, f, &st.NATRules); err != nil {
 		return err
 	}
-	if err := a.syncChain(ipt, f, &st.NATRules); err != nil {
-		return err
-	}
-	ok, err := ipt.Exists("nat", "POSTROUTING", natJump...)
+	return a.syncJump(ctx, ipt, f, &st.NATRules)
+}
+
+// syncJump inserts natJump at the top of POSTROUTING unless it is there
+// (anywhere: others may insert above it, as kube-proxy does for its own).
+func (a *Applier) syncJump(ctx context.Context, ipt *netfilter.IPTables, f natFamily, c *Counts) error {
+	post, _, err := ipt.List("nat", "POSTROUTING")
 	if err != nil {
 		return fmt.Errorf("checking the jump from POSTROUTING to %s: %w", NATChain, err)
 	}
-	if ok {
-		st.NATRules.Unchanged++
+	if slices.ContainsFunc(post, func(l string) bool { return slices.Equal(netfilter.SplitArgs(l), natJump) }) {
+		c.Unchanged++
 		return nil
 	}
-	if err := ipt.Insert("nat", "POSTROUTING", 1, natJump...); err != nil {
+	tx := netfilter.NewTx("nat")
+	tx.Insert("POSTROUTING", 1, natJump)
+	if err := ipt.Apply(ctx, tx); err != nil {
 		return fmt.Errorf("inserting the jump from POSTROUTING to %s: %w", NATChain, err)
 	}
-	st.NATRules.Added++
+	c.Added++
 	a.log.Info("NAT outgoing jump added", "chain", NATChain, "ipv6", f.v6)
 	return nil
 }
 
 // syncChain rewrites NATChain as a whole, atomically, when its rules are
-// not f.chainRules(): iptables-restore --noflush replaces that one chain
-// and leaves the rest of the table as it is.
-func (a *Applier) syncChain(ipt *iptables.IPTables, f natFamily, c *Counts) error {
+// not f.chainRules(): one restore transaction replaces that one chain and
+// leaves the rest of the table as it is.
+func (a *Applier) syncChain(ctx context.Context, ipt *netfilter.IPTables, f natFamily, c *Counts) error {
 	want := f.chainRules()
-	exists, err := ipt.ChainExists("nat", NATChain)
+	have, exists, err := ipt.List("nat", NATChain)
 	if err != nil {
 		return fmt.Errorf("looking for the chain %s: %w", NATChain, err)
 	}
-	if exists {
-		lines, err := ipt.List("nat", NATChain)
-		if err != nil {
-			return fmt.Errorf("listing the chain %s: %w", NATChain, err)
-		}
-		have := slices.DeleteFunc(lines, func(l string) bool { return !strings.HasPrefix(l, "-A ") })
-		if slices.Equal(have, want) {
-			c.Unchanged++
-			return nil
-		}
+	if exists && slices.EqualFunc(have, want, func(h string, w []string) bool { return slices.Equal(netfilter.SplitArgs(h), w) }) {
+		c.Unchanged++
+		return nil
 	}
-	in := "*nat\n:" + NATChain + " - [0:0]\n-F " + NATChain + "\n" + strings.Join(want, "\n") + "\nCOMMIT\n"
-	b, err := a.ipt.getBackend()
-	if err != nil {
-		return err
+	tx := netfilter.NewTx("nat")
+	tx.Declare(NATChain)
+	for _, r := range want {
+		tx.Append(NATChain, r)
 	}
-	restore := b.Restore(f.protocol)
-	if restore == "" {
-		return fmt.Errorf("writing the chain %s: no %s-restore for the %s backend (install iptables)", NATChain, f.cmd, b.Mode)
-	}
-	cmd := exec.Command(restore, "--noflush", "--wait", "10")
-	cmd.Stdin = strings.NewReader(in)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("writing the chain %s with %s: %w: %s", NATChain, restore, err, strings.TrimSpace(out.String()))
+	if err := ipt.Apply(ctx, tx); err != nil {
+		return fmt.Errorf("writing the chain %s: %w", NATChain, err)
 	}
 	if exists {
 		c.Updated++
@@ -192,104 +212,116 @@ func (a *Applier) syncChain(ipt *iptables.IPTables, f natFamily, c *Counts) erro
 }
 
 // removeNAT removes a family's jump, chain and sets, where they exist.
-func (a *Applier) removeNAT(f natFamily, st *Stats) error {
+func (a *Applier) removeNAT(ctx context.Context, f natFamily, st *Stats) error {
 	var errs []error
-	if ipt, err := a.ipt.get(f); err == nil {
-		errs = append(errs, a.removeChain(ipt, f, &st.NATRules))
+	if ipt, err := a.nf.iptables(f); err == nil {
+		errs = append(errs, a.removeChain(ctx, ipt, f, &st.NATRules))
 	}
-	for _, set := range []string{f.allSet, f.natSet} {
-		if _, err := netlink.IpsetList(set); err != nil {
-			continue // no such set, or no ipset in this kernel at all
-		}
-		if err := netlink.IpsetDestroy(set); err != nil {
-			errs = append(errs, fmt.Errorf("destroying the ipset %s: %w", set, err))
-			continue
-		}
-		st.SetMembers.Removed++
-		a.log.Info("ipset destroyed", "set", set)
-	}
+	errs = append(errs, a.removeSets(ctx, f, &st.SetMembers))
 	return errors.Join(errs...)
 }
 
-func (a *Applier) removeChain(ipt *iptables.IPTables, f natFamily, c *Counts) error {
-	exists, err := ipt.ChainExists("nat", NATChain)
+// removeChain deletes NATChain and every POSTROUTING rule that jumps to
+// it, in one transaction.
+func (a *Applier) removeChain(ctx context.Context, ipt *netfilter.IPTables, f natFamily, c *Counts) error {
+	_, exists, err := ipt.List("nat", NATChain)
 	if err != nil || !exists {
 		// Where the nat table cannot even be listed (IPv6 off), tabby
 		// cannot have made anything in it; without the chain there is no
 		// jump to it either.
 		return nil
 	}
-	for range 10 { // every copy of the jump, or the chain cannot go
-		ok, err := ipt.Exists("nat", "POSTROUTING", natJump...)
-		if err != nil {
-			return fmt.Errorf("checking the jump from POSTROUTING to %s: %w", NATChain, err)
-		}
-		if !ok {
-			break
-		}
-		if err := ipt.Delete("nat", "POSTROUTING", natJump...); err != nil {
-			return fmt.Errorf("deleting the jump from POSTROUTING to %s: %w", NATChain, err)
-		}
-		c.Removed++
+	post, _, err := ipt.List("nat", "POSTROUTING")
+	if err != nil {
+		return fmt.Errorf("checking the jump from POSTROUTING to %s: %w", NATChain, err)
 	}
-	if err := ipt.ClearAndDeleteChain("nat", NATChain); err != nil {
-		return fmt.Errorf("deleting the chain %s: %w", NATChain, err)
+	tx := netfilter.NewTx("nat")
+	jumps := netfilter.JumpsTo(post, func(chain string) bool { return chain == NATChain })
+	for _, j := range jumps {
+		tx.Delete("POSTROUTING", j)
 	}
-	c.Removed++
+	tx.Declare(NATChain)
+	tx.DeleteChain(NATChain)
+	if err := ipt.Apply(ctx, tx); err != nil {
+		return fmt.Errorf("deleting the chain %s and the jumps to it: %w", NATChain, err)
+	}
+	c.Removed += len(jumps) + 1
 	a.log.Info("NAT outgoing chain removed", "chain", NATChain, "ipv6", f.v6)
 	return nil
 }
 
-// syncSet makes the hash:net ipset name hold exactly want.
-func (a *Applier) syncSet(name string, family uint8, want []netip.Prefix, c *Counts) error {
-	res, err := netlink.IpsetList(name)
-	switch {
-	case errors.Is(err, unix.ENOENT):
-		if err := netlink.IpsetCreate(name, "hash:net", netlink.IpsetCreateOptions{Family: family}); err != nil {
-			return fmt.Errorf("creating the ipset %s: %w", name, err)
+// removeSets destroys the family's two sets, where they exist. Without
+// the ipset program or the kernel's ipset support there are none.
+func (a *Applier) removeSets(ctx context.Context, f natFamily, c *Counts) error {
+	sets, err := a.nf.ipsets()
+	if err != nil {
+		return nil
+	}
+	have, err := sets.Get(ctx, f.allSet, f.natSet)
+	if err != nil || len(have) == 0 {
+		return nil
+	}
+	var names []string
+	for _, name := range []string{f.allSet, f.natSet} {
+		if have[name] != nil {
+			names = append(names, name)
 		}
+	}
+	done, err := sets.Destroy(ctx, names)
+	for _, name := range done {
+		c.Removed++
+		a.log.Info("ipset destroyed", "set", name)
+	}
+	if err != nil {
+		return fmt.Errorf("destroying the NAT outgoing ipsets: %w", err)
+	}
+	return nil
+}
+
+// syncSet adds to batch what makes the hash:net set name hold exactly
+// want: its creation when have is nil (counted as one added), then the
+// members to delete and to add.
+func syncSet(batch *netfilter.SetBatch, name, family string, have *netfilter.Set, want []netip.Prefix, c *Counts) {
+	if have == nil {
+		batch.Create(name, "hash:net", family)
 		c.Added++
-		a.log.Info("ipset created", "set", name)
-		res = &netlink.IPSetResult{}
-	case errors.Is(err, unix.EPROTONOSUPPORT):
-		return fmt.Errorf("listing the ipset %s: %w (the kernel has no ipset support: load the ip_set and ip_set_hash_net modules, or turn natOutgoing off)", name, err)
-	case err != nil:
-		return fmt.Errorf("listing the ipset %s: %w", name, err)
-	case res.TypeName != "hash:net" || res.Family != family:
-		return fmt.Errorf("the ipset %s exists as %s family %d, not hash:net of the family tabby needs: destroy it (ipset destroy %s) so tabby can recreate it", name, res.TypeName, res.Family, name)
+		have = &netfilter.Set{}
 	}
-	wanted := map[netip.Prefix]bool{}
+	wanted := map[string]bool{}
 	for _, p := range want {
-		wanted[p] = true
+		wanted[member(p)] = true
 	}
-	var errs []error
-	for _, e := range res.Entries {
-		p := netip.PrefixFrom(addrOf(e.IP), int(e.CIDR))
-		if e.CIDR == 0 {
-			p = netip.PrefixFrom(p.Addr(), p.Addr().BitLen())
-		}
-		if wanted[p] {
-			delete(wanted, p)
+	for _, m := range slices.Sorted(maps.Keys(have.Members)) {
+		if wanted[m] {
+			delete(wanted, m)
 			c.Unchanged++
 			continue
 		}
-		if err := netlink.IpsetDel(name, &netlink.IPSetEntry{IP: e.IP, CIDR: e.CIDR}); err != nil {
-			errs = append(errs, fmt.Errorf("removing %s from the ipset %s: %w", p, name, err))
-			continue
-		}
+		batch.Del(name, m)
 		c.Removed++
-		a.log.Info("ipset member removed", "set", name, "cidr", p.String())
 	}
 	for _, p := range want {
-		if !wanted[p] {
-			continue
+		if m := member(p); wanted[m] {
+			delete(wanted, m)
+			batch.Add(name, m, false)
+			c.Added++
 		}
-		if err := netlink.IpsetAdd(name, &netlink.IPSetEntry{IP: p.Addr().AsSlice(), CIDR: uint8(p.Bits())}); err != nil {
-			errs = append(errs, fmt.Errorf("adding %s to the ipset %s: %w", p, name, err))
-			continue
-		}
-		c.Added++
-		a.log.Info("ipset member added", "set", name, "cidr", p.String())
 	}
-	return errors.Join(errs...)
+}
+
+func (c *Counts) add(o Counts) {
+	c.Added += o.Added
+	c.Updated += o.Updated
+	c.Removed += o.Removed
+	c.Unchanged += o.Unchanged
+}
+
+// member is a pool's CIDR as `ipset save` prints a hash:net member: masked,
+// and a host address without its /32 or /128.
+func member(p netip.Prefix) string {
+	p = p.Masked()
+	if p.Bits() == p.Addr().BitLen() {
+		return p.Addr().String()
+	}
+	return p.String()
 }

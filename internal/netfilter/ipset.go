@@ -63,20 +63,32 @@ func (s *IPSets) Save(ctx context.Context, prefix string) (map[string]*Set, erro
 	return ParseIPSetSave(out, prefix)
 }
 
-// Get reads one set; nil, without an error, when there is none of that
-// name. It costs one `ipset list -n` and one `ipset save NAME`, however
-// large the other sets are.
-func (s *IPSets) Get(ctx context.Context, name string) (*Set, error) {
-	names, err := s.Names(ctx)
-	if err != nil || !slices.Contains(names, name) {
+// Get reads the sets names that exist, by name: the others are missing
+// from the map. It costs one `ipset list -n` and one `ipset save NAME` a
+// set found, however large everyone else's sets are.
+func (s *IPSets) Get(ctx context.Context, names ...string) (map[string]*Set, error) {
+	have, err := s.Names(ctx)
+	if err != nil {
 		return nil, err
 	}
-	out, err := run(ctx, "", s.path, "save", name)
-	if err != nil {
-		return nil, fmt.Errorf("reading the ipset %s: %w", name, err)
+	sets := map[string]*Set{}
+	for _, name := range names {
+		if !slices.Contains(have, name) {
+			continue
+		}
+		out, err := run(ctx, "", s.path, "save", name)
+		if err != nil {
+			return nil, fmt.Errorf("reading the ipset %s: %w", name, err)
+		}
+		one, err := ParseIPSetSave(out, name)
+		if err != nil {
+			return nil, err
+		}
+		if one[name] != nil {
+			sets[name] = one[name]
+		}
 	}
-	sets, err := ParseIPSetSave(out, name)
-	return sets[name], err
+	return sets, nil
 }
 
 // Names lists the names of every set in the kernel.

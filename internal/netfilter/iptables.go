@@ -68,11 +68,13 @@ func (t *IPTables) Save(ctx context.Context, table string) (Table, error) {
 // List lists one chain's rules with `iptables -S`, as printed after
 // "-A CHAIN " (as iptables-save prints them); an empty chain gives an
 // empty, non-nil slice. exists is false, without an error, when there is
-// no such chain.
+// no such chain: when iptables exits with status 1, as go-iptables'
+// ChainExists decides too (iptables-nft 1.8.9 says a missing chain is
+// "incompatible", which no message match would catch).
 func (t *IPTables) List(table, chain string) (rules []string, exists bool, err error) {
 	out, err := t.h.List(table, chain)
 	var ierr *iptables.Error
-	if errors.As(err, &ierr) && ierr.IsNotExist() {
+	if errors.As(err, &ierr) && ierr.ExitStatus() == 1 {
 		return nil, false, nil
 	}
 	if err != nil {
