@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -36,17 +37,32 @@ func run(ctx context.Context, stdin string, name string, args ...string) (string
 // ("Error in line 3").
 var lineRe = regexp.MustCompile(`(?i)line:? (\d+)`)
 
-// FailedLine is the line of stdin that an error message names, "" when it
-// names none.
+// nameRe finds a name an error message quotes, as iptables-nft-restore
+// does without a line number ("Chain 'TABBY-X' does not exist") and
+// iptables-legacy-restore ("Couldn't load target `TABBY-X'").
+var nameRe = regexp.MustCompile("['`]([^'` ]+)'")
+
+// FailedLine is the line of stdin that an error message names: by number,
+// unless that is the COMMIT (iptables-nft-restore checks jumps only when
+// committing) and the message quotes a name, in which case the first line
+// with that name as one of its words; "" when it names none.
 func FailedLine(msg, stdin string) string {
-	m := lineRe.FindStringSubmatch(msg)
-	if m == nil || stdin == "" {
+	if stdin == "" {
 		return ""
 	}
-	n, _ := strconv.Atoi(m[1])
 	lines := strings.Split(stdin, "\n")
-	if n < 1 || n > len(lines) {
-		return ""
+	numbered := ""
+	if m := lineRe.FindStringSubmatch(msg); m != nil {
+		if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(lines) {
+			numbered = lines[n-1]
+		}
 	}
-	return lines[n-1]
+	if m := nameRe.FindStringSubmatch(msg); m != nil && (numbered == "" || numbered == "COMMIT") {
+		for _, l := range lines {
+			if slices.Contains(strings.Fields(l), m[1]) {
+				return l
+			}
+		}
+	}
+	return numbered
 }

@@ -100,9 +100,10 @@ func (s *IPSets) Names(ctx context.Context) ([]string, error) {
 	return strings.Fields(out), nil
 }
 
-// Destroy destroys the sets names, in one `ipset restore` when it can;
-// when that fails (a rule still names one of them) it destroys them one by
-// one, and returns those it destroyed and an error naming the others.
+// Destroy destroys the sets names, in one `ipset restore` when it can.
+// When that fails (a rule still names one of them) restore has stopped at
+// that set, so it destroys those still there one by one, and returns
+// those destroyed and an error naming the others.
 func (s *IPSets) Destroy(ctx context.Context, names []string) ([]string, error) {
 	var b SetBatch
 	for _, n := range names {
@@ -111,8 +112,16 @@ func (s *IPSets) Destroy(ctx context.Context, names []string) ([]string, error) 
 	if err := s.Apply(ctx, &b, false); err == nil {
 		return names, nil
 	}
+	left, err := s.Names(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var done, errs []string
 	for _, n := range names {
+		if !slices.Contains(left, n) {
+			done = append(done, n)
+			continue
+		}
 		if _, err := run(ctx, "", s.path, "destroy", n); err != nil {
 			errs = append(errs, err.Error())
 			continue

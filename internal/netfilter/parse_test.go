@@ -143,12 +143,14 @@ func TestFailedLine(t *testing.T) {
 		"iptables-restore v1.8.9 (legacy): Couldn't load target `TABBY-NP-GONE'\n\nError occurred at line: 3",
 		"iptables-nft-restore: line 3 failed: Chain 'TABBY-NP-GONE' does not exist",
 		"ipset v7.17: Error in line 3: The set with the given name does not exist",
+		"iptables-nft-restore v1.8.9 (nf_tables): Chain 'TABBY-NP-GONE' does not exist\nError occurred at line: 4",
+		"iptables-nft-restore v1.8.9 (nf_tables): Chain 'TABBY-NP-GONE' does not exist",
 	} {
 		if got := FailedLine(msg, in); got != "-A TABBY-NP-A -j TABBY-NP-GONE" {
 			t.Errorf("FailedLine(%q) = %q", msg, got)
 		}
 	}
-	for _, msg := range []string{"no line here", "Error in line 9"} {
+	for _, msg := range []string{"no line here", "Error in line 9", "Chain 'TABBY-NP' does not exist"} {
 		if got := FailedLine(msg, in); got != "" {
 			t.Errorf("FailedLine(%q) = %q, want none", msg, got)
 		}
