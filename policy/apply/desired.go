@@ -62,127 +62,154 @@ func validate(rs *policy.Ruleset, skip [2]bool) (*desired, error) {
 	if rs == nil {
 		return nil, errors.New("no Ruleset (nil)")
 	}
-	d := &desired{sets: map[string]*wantSet{}}
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-
+	v := &validator{d: &desired{sets: map[string]*wantSet{}}, skip: skip, infos: make(map[string]setInfo, len(rs.Sets))}
 	for _, s := range rs.Sets {
-		if err := checkName(s.Name, policy.SetPrefix, maxSetName); err != nil {
-			bad("set %q: %v", s.Name, err)
-			continue
-		}
-		fam := familyIndex(s.Family)
-		if fam < 0 {
-			bad("set %s: family %q is neither %s nor %s", s.Name, s.Family, policy.FamilyIPv4, policy.FamilyIPv6)
-			continue
-		}
-		if _, ok := setDims[s.Type]; !ok {
-			bad("set %s: type %q is not one of %s, %s, %s, %s", s.Name, s.Type, policy.SetHashIP, policy.SetHashNet, policy.SetHashIPPort, policy.SetHashNetIface)
-			continue
-		}
-		if d.sets[s.Name] != nil {
-			bad("set %s is listed twice", s.Name)
-			continue
-		}
-		w := &wantSet{name: s.Name, typ: s.Type, family: s.Family, members: make(map[string]bool, len(s.Members))}
-		for _, m := range s.Members {
-			keys, nomatch, err := normalizeMember(s.Type, fam, m)
-			if err != nil {
-				bad("set %s: member %q: %v", s.Name, m, err)
-				continue
-			}
-			for _, k := range keys {
-				w.members[k] = nomatch
-			}
-		}
-		if skip[fam] {
-			continue
-		}
-		d.sets[s.Name] = w
-		d.setNames = append(d.setNames, s.Name)
+		v.set(s)
 	}
-	slices.Sort(d.setNames)
-	setInfos := make(map[string]setInfo, len(rs.Sets))
-	for _, s := range rs.Sets {
-		setInfos[s.Name] = setInfo{fam: familyIndex(s.Family), typ: s.Type}
-	}
-	setFamily := func(name string) setInfo {
-		if i, ok := setInfos[name]; ok {
-			return i
-		}
-		return setInfo{fam: -1}
-	}
-
-	for f := range d.fams {
-		d.fams[f] = wantFamily{chains: map[string][][]string{}, jumps: map[string][][]string{}}
+	slices.Sort(v.d.setNames)
+	for f := range v.d.fams {
+		v.d.fams[f] = wantFamily{chains: map[string][][]string{}, jumps: map[string][][]string{}}
 	}
 	for _, c := range rs.Chains {
-		if err := checkName(c.Name, policy.PolicyChainPrefix, maxChainName); err != nil {
-			bad("chain %q: %v", c.Name, err)
-			continue
-		}
-		fam := familyIndex(c.Family)
-		if fam < 0 {
-			bad("chain %s: family %q is neither %s nor %s", c.Name, c.Family, policy.FamilyIPv4, policy.FamilyIPv6)
-			continue
-		}
-		if skip[fam] {
-			continue
-		}
-		wf := &d.fams[fam]
-		if _, dup := wf.chains[c.Name]; dup {
-			bad("chain %s (%s) is listed twice", c.Name, c.Family)
-			continue
-		}
-		wf.chains[c.Name] = c.Rules
-		wf.order = append(wf.order, c.Name)
+		v.chain(c)
 	}
-	// Rules: arguments the restore format can carry, sets and chains that
-	// exist in the same family.
+	// Rules once every chain is known: they may jump to any of them.
 	for _, c := range rs.Chains {
-		fam := familyIndex(c.Family)
-		if fam < 0 || skip[fam] {
-			continue
-		}
-		for i, r := range c.Rules {
-			if err := checkRule(r, fam, d.fams[fam].chains, setFamily); err != nil {
-				bad("chain %s (%s) rule %d %q: %v", c.Name, c.Family, i+1, strings.Join(r, " "), err)
-			}
-		}
+		v.rules(c)
 	}
 	for _, j := range rs.Jumps {
-		if !slices.Contains(builtins, j.Chain) {
-			bad("jump %q: chain %q is not one of %s", strings.Join(j.Rule, " "), j.Chain, strings.Join(builtins, ", "))
+		v.jump(j)
+	}
+	if len(v.errs) > 0 {
+		return nil, fmt.Errorf("the Ruleset is invalid, nothing was applied (a compiler bug): %w", errors.Join(v.errs...))
+	}
+	return v.d, nil
+}
+
+// validator is validate's state: the desired state so far, the family and
+// type of every set listed (valid or not, so that rules naming a bad set
+// are not reported twice as naming a missing one), and the problems.
+type validator struct {
+	d     *desired
+	skip  [2]bool
+	infos map[string]setInfo
+	errs  []error
+}
+
+func (v *validator) bad(format string, args ...any) {
+	v.errs = append(v.errs, fmt.Errorf(format, args...))
+}
+
+// setInfo is what checkRule knows of a set; fam -1: not in the Ruleset.
+func (v *validator) setInfo(name string) setInfo {
+	if i, ok := v.infos[name]; ok {
+		return i
+	}
+	return setInfo{fam: -1}
+}
+
+// set checks one set and its members and adds it to the desired state.
+func (v *validator) set(s policy.Set) {
+	v.infos[s.Name] = setInfo{fam: familyIndex(s.Family), typ: s.Type}
+	if err := checkName(s.Name, policy.SetPrefix, maxSetName); err != nil {
+		v.bad("set %q: %v", s.Name, err)
+		return
+	}
+	fam := familyIndex(s.Family)
+	if fam < 0 {
+		v.bad("set %s: family %q is neither %s nor %s", s.Name, s.Family, policy.FamilyIPv4, policy.FamilyIPv6)
+		return
+	}
+	if _, ok := setDims[s.Type]; !ok {
+		v.bad("set %s: type %q is not one of %s, %s, %s, %s", s.Name, s.Type, policy.SetHashIP, policy.SetHashNet, policy.SetHashIPPort, policy.SetHashNetIface)
+		return
+	}
+	if v.d.sets[s.Name] != nil {
+		v.bad("set %s is listed twice", s.Name)
+		return
+	}
+	w := &wantSet{name: s.Name, typ: s.Type, family: s.Family, members: make(map[string]bool, len(s.Members))}
+	for _, m := range s.Members {
+		keys, nomatch, err := normalizeMember(s.Type, fam, m)
+		if err != nil {
+			v.bad("set %s: member %q: %v", s.Name, m, err)
 			continue
 		}
-		t := netfilter.Target(j.Rule)
-		if !strings.HasPrefix(t, policy.PolicyChainPrefix) {
-			bad("jump %q in %s: its target %q is not a chain starting with %s (only such jumps are tabby's to keep and remove)", strings.Join(j.Rule, " "), j.Chain, t, policy.PolicyChainPrefix)
-			continue
-		}
-		ok := true
-		for f := range d.fams {
-			if skip[f] {
-				continue
-			}
-			if err := checkRule(j.Rule, f, d.fams[f].chains, setFamily); err != nil {
-				bad("jump %q in %s (%s): %v", strings.Join(j.Rule, " "), j.Chain, familyNames[f], err)
-				ok = false
-			}
-		}
-		if !ok {
-			continue
-		}
-		for f := range d.fams {
-			if !skip[f] {
-				d.fams[f].jumps[j.Chain] = append(d.fams[f].jumps[j.Chain], j.Rule)
-			}
+		for _, k := range keys {
+			w.members[k] = nomatch
 		}
 	}
-	if len(errs) > 0 {
-		return nil, fmt.Errorf("the Ruleset is invalid, nothing was applied (a compiler bug): %w", errors.Join(errs...))
+	if v.skip[fam] {
+		return
 	}
-	return d, nil
+	v.d.sets[s.Name] = w
+	v.d.setNames = append(v.d.setNames, s.Name)
+}
+
+// chain checks a chain's name and family and adds it, rules unchecked.
+func (v *validator) chain(c policy.Chain) {
+	if err := checkName(c.Name, policy.PolicyChainPrefix, maxChainName); err != nil {
+		v.bad("chain %q: %v", c.Name, err)
+		return
+	}
+	fam := familyIndex(c.Family)
+	if fam < 0 {
+		v.bad("chain %s: family %q is neither %s nor %s", c.Name, c.Family, policy.FamilyIPv4, policy.FamilyIPv6)
+		return
+	}
+	if v.skip[fam] {
+		return
+	}
+	wf := &v.d.fams[fam]
+	if _, dup := wf.chains[c.Name]; dup {
+		v.bad("chain %s (%s) is listed twice", c.Name, c.Family)
+		return
+	}
+	wf.chains[c.Name] = c.Rules
+	wf.order = append(wf.order, c.Name)
+}
+
+// rules checks a chain's rules: arguments the restore format can carry,
+// sets and chains that exist in the same family.
+func (v *validator) rules(c policy.Chain) {
+	fam := familyIndex(c.Family)
+	if fam < 0 || v.skip[fam] {
+		return
+	}
+	for i, r := range c.Rules {
+		if err := checkRule(r, fam, v.d.fams[fam].chains, v.setInfo); err != nil {
+			v.bad("chain %s (%s) rule %d %q: %v", c.Name, c.Family, i+1, strings.Join(r, " "), err)
+		}
+	}
+}
+
+// jump checks a jump from a built-in chain, which goes into every family
+// programmed, and adds it to each.
+func (v *validator) jump(j policy.Jump) {
+	rule := strings.Join(j.Rule, " ")
+	if !slices.Contains(builtins, j.Chain) {
+		v.bad("jump %q: chain %q is not one of %s", rule, j.Chain, strings.Join(builtins, ", "))
+		return
+	}
+	if t := netfilter.Target(j.Rule); !strings.HasPrefix(t, policy.PolicyChainPrefix) {
+		v.bad("jump %q in %s: its target %q is not a chain starting with %s (only such jumps are tabby's to keep and remove)", rule, j.Chain, t, policy.PolicyChainPrefix)
+		return
+	}
+	ok := true
+	for f := range v.d.fams {
+		if v.skip[f] {
+			continue
+		}
+		if err := checkRule(j.Rule, f, v.d.fams[f].chains, v.setInfo); err != nil {
+			v.bad("jump %q in %s (%s): %v", rule, j.Chain, familyNames[f], err)
+			ok = false
+		}
+	}
+	for f := range v.d.fams {
+		if ok && !v.skip[f] {
+			v.d.fams[f].jumps[j.Chain] = append(v.d.fams[f].jumps[j.Chain], j.Rule)
+		}
+	}
 }
 
 func familyIndex(f string) int {
