@@ -21,7 +21,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
@@ -40,18 +39,7 @@ func needRoot(t *testing.T) {
 // a test's back); it is removed when the test ends.
 func newNS(t *testing.T) ns.NetNS {
 	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating a namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("closing namespace %s: %v", n.Path(), err)
-		}
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("removing namespace %s: %v", n.Path(), err)
-		}
-	})
+	n := testnet.NewNS(t)
 	setSysctls(t, n, "net/ipv6/conf/all/accept_dad", "0", "net/ipv6/conf/default/accept_dad", "0")
 	ipIn(t, n, "link set lo up")
 	return n

@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/coreos/go-iptables/iptables"
 
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
@@ -79,19 +79,7 @@ func needBoth(t *testing.T) (legacy, nft Backend) {
 
 func newNS(t *testing.T) ns.NetNS {
 	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating a namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("closing namespace %s: %v", n.Path(), err)
-		}
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("removing namespace %s: %v", n.Path(), err)
-		}
-	})
-	return n
+	return testnet.NewNS(t)
 }
 
 // run runs a command inside n and fails the test on error.

@@ -14,30 +14,18 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/coreos/go-iptables/iptables"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/internal/netfilter"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
 func newNS(t *testing.T) ns.NetNS {
 	t.Helper()
 	tier.Root(t, "a real-kernel test: it creates network namespaces", "ipset")
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating a namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("closing namespace %s: %v", n.Path(), err)
-		}
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("removing namespace %s: %v", n.Path(), err)
-		}
-	})
-	return n
+	return testnet.NewNS(t)
 }
 
 // in runs f in n, failing the test on error.

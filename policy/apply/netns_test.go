@@ -18,9 +18,9 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
@@ -52,19 +52,7 @@ func backends(t testing.TB) []iptbackend.Backend {
 
 func newNS(t testing.TB) ns.NetNS {
 	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating a namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("closing namespace %s: %v", n.Path(), err)
-		}
-		if err := testutils.UnmountNS(n); err != nil {
-			t.Errorf("removing namespace %s: %v", n.Path(), err)
-		}
-	})
-	return n
+	return testnet.NewNS(t)
 }
 
 func testLogger(t testing.TB) *slog.Logger {
