@@ -101,18 +101,43 @@ func (k *kernel) ipsets() (*netfilter.IPSets, error) {
 // Nothing else in the nat table is changed or moved.
 func (a *Applier) applyNAT(n NAT, st *Stats) error {
 	ctx := context.Background()
+	sets := a.natSets(ctx)
 	var errs []error
 	for _, f := range natFamilies {
 		all, nat := ofFamily(n.AllPools, f.v6), ofFamily(n.NATPools, f.v6)
 		var err error
 		if len(nat) == 0 {
-			err = a.removeNAT(ctx, f, st)
+			err = a.removeNAT(ctx, f, sets, st)
 		} else {
-			err = a.ensureNAT(ctx, f, all, nat, st)
+			err = a.ensureNAT(ctx, f, all, nat, sets, st)
 		}
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// natSets is the ipset engine with the names of the sets in the kernel,
+// listed once an applyNAT for both families (err: neither is to be had).
+type natSets struct {
+	*netfilter.IPSets
+	listed []string
+	err    error
+}
+
+func (a *Applier) natSets(ctx context.Context) natSets {
+	var n natSets
+	if n.IPSets, n.err = a.nf.ipsets(); n.err == nil {
+		n.listed, n.err = n.Names(ctx)
+	}
+	return n
+}
+
+// get reads the family's two sets, those that exist.
+func (n natSets) get(ctx context.Context, f natFamily) (map[string]*netfilter.Set, error) {
+	if n.err != nil {
+		return nil, n.err
+	}
+	return n.GetListed(ctx, n.listed, f.allSet, f.natSet)
 }
 
 func ofFamily(ps []netip.Prefix, v6 bool) []netip.Prefix {
@@ -125,16 +150,12 @@ func ofFamily(ps []netip.Prefix, v6 bool) []netip.Prefix {
 	return out
 }
 
-func (a *Applier) ensureNAT(ctx context.Context, f natFamily, all, nat []netip.Prefix, st *Stats) error {
+func (a *Applier) ensureNAT(ctx context.Context, f natFamily, all, nat []netip.Prefix, sets natSets, st *Stats) error {
 	ipt, err := a.nf.iptables(f)
 	if err != nil {
 		return err
 	}
-	sets, err := a.nf.ipsets()
-	if err != nil {
-		return err
-	}
-	have, err := sets.Get(ctx, f.allSet, f.natSet)
+	have, err := sets.get(ctx, f)
 	if err != nil {
 		return fmt.Errorf("%w (or turn natOutgoing off)", err)
 	}
@@ -212,12 +233,12 @@ func (a *Applier) syncChain(ctx context.Context, ipt *netfilter.IPTables, f natF
 }
 
 // removeNAT removes a family's jump, chain and sets, where they exist.
-func (a *Applier) removeNAT(ctx context.Context, f natFamily, st *Stats) error {
+func (a *Applier) removeNAT(ctx context.Context, f natFamily, sets natSets, st *Stats) error {
 	var errs []error
 	if ipt, err := a.nf.iptables(f); err == nil {
 		errs = append(errs, a.removeChain(ctx, ipt, f, &st.NATRules))
 	}
-	errs = append(errs, a.removeSets(ctx, f, &st.SetMembers))
+	errs = append(errs, a.removeSets(ctx, f, sets, &st.SetMembers))
 	return errors.Join(errs...)
 }
 
@@ -252,12 +273,8 @@ func (a *Applier) removeChain(ctx context.Context, ipt *netfilter.IPTables, f na
 
 // removeSets destroys the family's two sets, where they exist. Without
 // the ipset program or the kernel's ipset support there are none.
-func (a *Applier) removeSets(ctx context.Context, f natFamily, c *Counts) error {
-	sets, err := a.nf.ipsets()
-	if err != nil {
-		return nil
-	}
-	have, err := sets.Get(ctx, f.allSet, f.natSet)
+func (a *Applier) removeSets(ctx context.Context, f natFamily, sets natSets, c *Counts) error {
+	have, err := sets.get(ctx, f)
 	if err != nil || len(have) == 0 {
 		return nil
 	}

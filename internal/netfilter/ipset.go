@@ -71,9 +71,15 @@ func (s *IPSets) Get(ctx context.Context, names ...string) (map[string]*Set, err
 	if err != nil {
 		return nil, err
 	}
+	return s.GetListed(ctx, have, names...)
+}
+
+// GetListed is Get for a caller that has the names of the sets in the
+// kernel already (Names), for several Gets in a row.
+func (s *IPSets) GetListed(ctx context.Context, listed []string, names ...string) (map[string]*Set, error) {
 	sets := map[string]*Set{}
 	for _, name := range names {
-		if !slices.Contains(have, name) {
+		if !slices.Contains(listed, name) {
 			continue
 		}
 		out, err := run(ctx, "", s.path, "save", name)
