@@ -108,16 +108,26 @@ func (v *validator) setInfo(name string) setInfo {
 	return setInfo{fam: -1}
 }
 
+// named checks the name and family of a set or chain (what) and returns
+// the family's index; false when either is bad, which it reports.
+func (v *validator) named(what, name, family, prefix string, max int) (int, bool) {
+	if err := checkName(name, prefix, max); err != nil {
+		v.bad("%s %q: %v", what, name, err)
+		return 0, false
+	}
+	fam := familyIndex(family)
+	if fam < 0 {
+		v.bad("%s %s: family %q is neither %s nor %s", what, name, family, policy.FamilyIPv4, policy.FamilyIPv6)
+		return 0, false
+	}
+	return fam, true
+}
+
 // set checks one set and its members and adds it to the desired state.
 func (v *validator) set(s policy.Set) {
 	v.infos[s.Name] = setInfo{fam: familyIndex(s.Family), typ: s.Type}
-	if err := checkName(s.Name, policy.SetPrefix, maxSetName); err != nil {
-		v.bad("set %q: %v", s.Name, err)
-		return
-	}
-	fam := familyIndex(s.Family)
-	if fam < 0 {
-		v.bad("set %s: family %q is neither %s nor %s", s.Name, s.Family, policy.FamilyIPv4, policy.FamilyIPv6)
+	fam, ok := v.named("set", s.Name, s.Family, policy.SetPrefix, maxSetName)
+	if !ok {
 		return
 	}
 	if _, ok := setDims[s.Type]; !ok {
@@ -148,16 +158,8 @@ func (v *validator) set(s policy.Set) {
 
 // chain checks a chain's name and family and adds it, rules unchecked.
 func (v *validator) chain(c policy.Chain) {
-	if err := checkName(c.Name, policy.PolicyChainPrefix, maxChainName); err != nil {
-		v.bad("chain %q: %v", c.Name, err)
-		return
-	}
-	fam := familyIndex(c.Family)
-	if fam < 0 {
-		v.bad("chain %s: family %q is neither %s nor %s", c.Name, c.Family, policy.FamilyIPv4, policy.FamilyIPv6)
-		return
-	}
-	if v.skip[fam] {
+	fam, ok := v.named("chain", c.Name, c.Family, policy.PolicyChainPrefix, maxChainName)
+	if !ok || v.skip[fam] {
 		return
 	}
 	wf := &v.d.fams[fam]
