@@ -6,7 +6,7 @@ LDFLAGS := -s -w -X github.com/tabbynet/tabby/internal/buildinfo.Version=$(VERSI
 BINS := tabby tabby-ipam tabbyd tabby-scheduler-extender tabbyctl
 GOTEST_FLAGS ?= -count=1 -timeout 45m
 
-.PHONY: all build deps controlplane runtime upstream test e2e e2e-upstream bench lab generate check-generated vet clean
+.PHONY: all build deps controlplane runtime upstream cnp-suite test e2e e2e-upstream conformance-cnp bench lab generate check-generated vet clean
 
 # What the tests and the lab run, built from the Go module proxy and cached
 # by content in ~/.cache/tabby (see hack/lib/buildcache.sh): the folders the
@@ -91,6 +91,20 @@ e2e-upstream: deps build controlplane runtime upstream
 	@echo "==> Kubernetes' e2e suites ($(UPSTREAM)) against a 3-node lab: reports in .cache/e2e-upstream/"
 	$(UPSTREAMENV) go test -count=1 -timeout 4h -run '^TestUpstreamE2E$$' -v ./test/labtest/ -args -upstream='$(UPSTREAM)'
 
+## cnp-suite: build the ClusterNetworkPolicy conformance suite of
+## sigs.k8s.io/network-policy-api v0.3.0 from the Go module proxy
+cnp-suite:
+	@echo "==> the ClusterNetworkPolicy conformance suite (test/cnpconformance/build.sh; cached)"
+	@test/cnpconformance/build.sh >/dev/null
+
+## conformance-cnp: the ClusterNetworkPolicy conformance suite, unmodified,
+## against a 2-node lab, then its table and report (CNP=standard or
+## experimental; report in .cache/cnp-conformance/)
+CNP ?= experimental
+conformance-cnp: deps build controlplane runtime cnp-suite
+	@echo "==> ClusterNetworkPolicy conformance ($(CNP)) against a 2-node lab: report in .cache/cnp-conformance/"
+	$(LABENV) TABBY_CNP_DIR=$$(test/cnpconformance/build.sh) go test -count=1 -timeout 3h -run '^TestCNPConformance$$' -v ./test/labtest/ -args -cnp='$(CNP)'
+
 ## lab: the main job (see README): a real 3-node cluster with tabby, pods,
 ## a connectivity matrix, a Service by name, a NetworkPolicy and each node's
 ## BGP peers; the lab stays up (tabbyctl lab down)
@@ -98,7 +112,7 @@ lab: deps build controlplane runtime
 	@echo "==> the lab: tabbyctl lab demo --nodes 3"
 	$(LABENV) ./bin/tabbyctl lab demo --nodes 3
 
-GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*' -not -path './test/runtime/*' -not -path './test/upstream/*')
+GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/controlplane/*' -not -path './test/runtime/*' -not -path './test/upstream/*' -not -path './test/cnpconformance/*')
 
 ## vet: gofmt, go vet, and the generated code and CRDs match api/
 vet: check-generated
