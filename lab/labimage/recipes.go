@@ -125,12 +125,14 @@ const (
 // them: busybox (sh, cat, sleep, hostname, nslookup, wget, ping, seq ...),
 // netcat-openbsd (nc), iproute2 (ip, ss), curl (DialFromContainer and the
 // hostPort tests), bind9-dnsutils (dig, for the DNS tests' probes; with
-// ICU it is more than half of the image) and libc-bin (getent).
+// ICU it is more than half of the image), libc-bin (getent) and bash
+// (the ClusterNetworkPolicy conformance suite starts its servers with
+// /bin/bash -c).
 //
 // Debian's busybox, not busybox-static: the static build's shell runs its
 // own applets before PATH (a busybox "standalone shell"), so sh -c "nc …"
 // or "ip …" would get busybox's nc and ip instead of the real ones.
-var AgnhostPackages = []string{"busybox", "netcat-openbsd", "iproute2", "curl", "bind9-dnsutils", "libc-bin"}
+var AgnhostPackages = []string{"busybox", "netcat-openbsd", "iproute2", "curl", "bind9-dnsutils", "libc-bin", "bash"}
 
 // agnhost's porter serves TLS (the Proxy conformance test asks it to) with
 // the certificate and key in its working folder, as upstream's image has
