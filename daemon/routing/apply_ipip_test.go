@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/internal/netnstest"
 )
 
 // ipipSupported says whether this kernel can create IPIP devices (what
@@ -17,7 +18,7 @@ import (
 func ipipSupported(t *testing.T) (bool, error) {
 	t.Helper()
 	var err error
-	in(t, newNS(t), func() error {
+	netnstest.New(t, "ipip-probe").Must(func() error {
 		err = netlink.LinkAdd(&netlink.Iptun{LinkAttrs: netlink.LinkAttrs{Name: "tabby-probe"}})
 		return nil
 	})
@@ -45,12 +46,12 @@ func TestApplyIPIP(t *testing.T) {
 	p1, p2 := n1.addPod(t, 10), n2.addPod(t, 10)
 	l.applyAll(pools...)
 	for _, n := range l.nodes {
-		out := sh(t, n.ns, "ip", "-d", "addr", "show", "dev", IPIPDevice)
+		out := n.ns.Exec("ip", "-d", "addr", "show", "dev", IPIPDevice)
 		mustContain(t, n.name+"'s "+IPIPDevice, out, "UP", "mtu 1480", "inet "+n.info.IPIPAddress.String()+"/32", IPIPAddressLabel)
 	}
 	mustContain(t, "node1's tabby routes", ourRoutes(t, n1.ns), "10.244.2.0/26 via 192.168.1.12 dev tunl0 proto 81 onlink")
 	var before uint64
-	in(t, n1.ns, func() error {
+	n1.ns.Must(func() error {
 		l, err := netlink.LinkByName(IPIPDevice)
 		if err == nil {
 			before = l.Attrs().Statistics.TxPackets
@@ -59,7 +60,7 @@ func TestApplyIPIP(t *testing.T) {
 	})
 	ping(t, p1, p2.v4)
 	ping(t, p2, p1.v4)
-	in(t, n1.ns, func() error {
+	n1.ns.Must(func() error {
 		l, err := netlink.LinkByName(IPIPDevice)
 		if err == nil && l.Attrs().Statistics.TxPackets < before+2 {
 			t.Errorf("%s sent %d packets during the pings, want at least 2", IPIPDevice, l.Attrs().Statistics.TxPackets-before)
@@ -72,5 +73,5 @@ func TestApplyIPIP(t *testing.T) {
 
 	// IPIP off: tabby's address leaves tunl0 (which the kernel keeps).
 	n1.apply(t, Desired(l.inputs(n1, dualStackNever...)))
-	mustNotContain(t, "node1's "+IPIPDevice, sh(t, n1.ns, "ip", "addr", "show", "dev", IPIPDevice), n1.info.IPIPAddress.String())
+	mustNotContain(t, "node1's "+IPIPDevice, n1.ns.Exec("ip", "addr", "show", "dev", IPIPDevice), n1.info.IPIPAddress.String())
 }

@@ -38,7 +38,7 @@ func others(t *testing.T, n *node) string {
 		{"ip6tables", "-t", "nat", "-S"}, {"ip6tables", "-t", "filter", "-S"},
 		{"ipset", "list", "-n"},
 	} {
-		for _, l := range strings.Split(sh(t, n.ns, c[0], c[1:]...), "\n") {
+		for _, l := range strings.Split(n.ns.Exec(c[0], c[1:]...), "\n") {
 			if !strings.Contains(l, NATChain) && !strings.HasPrefix(l, "tabby-") {
 				b.WriteString(l + "\n")
 			}
@@ -50,7 +50,7 @@ func others(t *testing.T, n *node) string {
 // masqueraded is how many packets the MASQUERADE rule of NATChain matched.
 func masqueraded(t *testing.T, n *node, cmd string) int {
 	t.Helper()
-	out := sh(t, n.ns, cmd, "-t", "nat", "-L", NATChain, "-n", "-v", "-x")
+	out := n.ns.Exec(cmd, "-t", "nat", "-L", NATChain, "-n", "-v", "-x")
 	m := regexp.MustCompile(`(?m)^\s*(\d+)\s+\d+\s+MASQUERADE`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("no MASQUERADE rule in %s:\n%s", NATChain, out)
@@ -78,7 +78,7 @@ func TestApplyNATOutgoing(t *testing.T) {
 	ext, _, _ := l.attach("outside", 1, 100) // 192.168.1.100, fd00:1::100
 	_ = ext
 	for _, c := range foreignRules {
-		sh(t, n1.ns, c[0], c[1:]...)
+		n1.ns.Exec(c[0], c[1:]...)
 	}
 	foreign := others(t, n1)
 	mustContain(t, "the rules before tabby", foreign, "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING", "admin-set")
@@ -89,7 +89,7 @@ func TestApplyNATOutgoing(t *testing.T) {
 	if got := others(t, n1); got != foreign {
 		t.Errorf("Apply without NAT changed others' rules:\n%s\nwant\n%s", got, foreign)
 	}
-	mustNotContain(t, "node1's nat table", sh(t, n1.ns, "iptables", "-t", "nat", "-S"), NATChain)
+	mustNotContain(t, "node1's nat table", n1.ns.Exec("iptables", "-t", "nat", "-S"), NATChain)
 	if err := testnet.Ping(p1.ns, addr("192.168.1.100").AsSlice()); err == nil {
 		t.Fatal("the outside host answered a pod without NAT: the test cannot tell masquerading apart")
 	}
@@ -99,13 +99,13 @@ func TestApplyNATOutgoing(t *testing.T) {
 	if st.NATRules != (Counts{Added: 4}) || st.SetMembers != (Counts{Added: 8}) {
 		t.Errorf("turning NAT on: rules %+v (want 4 added: chain and jump of each family), set members %+v (want 4 sets and 4 members added)", st.NATRules, st.SetMembers)
 	}
-	nat4 := sh(t, n1.ns, "iptables", "-t", "nat", "-S")
+	nat4 := n1.ns.Exec("iptables", "-t", "nat", "-S")
 	mustContain(t, "node1's nat table", nat4,
 		"-A POSTROUTING -m comment --comment \"tabby:nat-outgoing\" -j TABBY-NAT-OUTGOING\n-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\"",
 		"-A TABBY-NAT-OUTGOING -m set --match-set tabby-nat-pools src -m set ! --match-set tabby-masq-pools dst -j MASQUERADE")
-	mustContain(t, "node1's ip6tables nat table", sh(t, n1.ns, "ip6tables", "-t", "nat", "-S"),
+	mustContain(t, "node1's ip6tables nat table", n1.ns.Exec("ip6tables", "-t", "nat", "-S"),
 		"-A TABBY-NAT-OUTGOING -m set --match-set tabby-nat-pools-v6 src -m set ! --match-set tabby-masq-pools-v6 dst -j MASQUERADE")
-	mustContain(t, "node1's ipsets", sh(t, n1.ns, "ipset", "save"),
+	mustContain(t, "node1's ipsets", n1.ns.Exec("ipset", "save"),
 		"add tabby-masq-pools 10.244.0.0/16", "add tabby-nat-pools 10.244.0.0/16",
 		"add tabby-masq-pools-v6 fd00:10:244::/56", "add tabby-nat-pools-v6 fd00:10:244::/56")
 	if got := others(t, n1); got != foreign {
@@ -143,7 +143,7 @@ func TestApplyNATOutgoing(t *testing.T) {
 		{"ipset", "add", SetAllPools, "10.200.0.0/16"},
 		{"ipset", "del", SetNATPools, "10.244.0.0/16"},
 	} {
-		sh(t, n1.ns, c[0], c[1:]...)
+		n1.ns.Exec(c[0], c[1:]...)
 	}
 	st = n1.apply(t, s1)
 	if st.NATRules != (Counts{Added: 1, Updated: 1, Unchanged: 2}) || st.SetMembers != (Counts{Added: 1, Removed: 1, Unchanged: 3}) {
@@ -156,8 +156,8 @@ func TestApplyNATOutgoing(t *testing.T) {
 	if st.SetMembers != (Counts{Added: 1, Unchanged: 4}) || st.NATRules.Changed() != 0 {
 		t.Errorf("adding a pool: set members %+v, rules %+v", st.SetMembers, st.NATRules)
 	}
-	mustContain(t, "node1's ipsets", sh(t, n1.ns, "ipset", "save"), "add tabby-masq-pools 10.96.0.0/12")
-	mustNotContain(t, "node1's ipsets", sh(t, n1.ns, "ipset", "save"), "add tabby-nat-pools 10.96.0.0/12")
+	mustContain(t, "node1's ipsets", n1.ns.Exec("ipset", "save"), "add tabby-masq-pools 10.96.0.0/12")
+	mustNotContain(t, "node1's ipsets", n1.ns.Exec("ipset", "save"), "add tabby-nat-pools 10.96.0.0/12")
 
 	// natOutgoing off: tabby's chain, jumps and sets go; the rest stays.
 	st = n1.apply(t, Desired(l.inputs(n1, natPools(false)...)))
@@ -167,7 +167,7 @@ func TestApplyNATOutgoing(t *testing.T) {
 	if got := others(t, n1); got != foreign {
 		t.Errorf("turning NAT off changed others' rules:\n%s\nwant\n%s", got, foreign)
 	}
-	mustNotContain(t, "node1's nat tables", sh(t, n1.ns, "iptables-save")+sh(t, n1.ns, "ip6tables-save")+sh(t, n1.ns, "ipset", "list", "-n"), NATChain, "tabby")
+	mustNotContain(t, "node1's nat tables", n1.ns.Exec("iptables-save")+n1.ns.Exec("ip6tables-save")+n1.ns.Exec("ipset", "list", "-n"), NATChain, "tabby")
 }
 
 // Cleanup removes everything tabby made on a node (routes, tabby.vxlan,
@@ -178,17 +178,17 @@ func TestCleanup(t *testing.T) {
 	n1.addPod(t, 10)
 	_ = n2
 	for _, c := range foreignRules {
-		sh(t, n1.ns, c[0], c[1:]...)
+		n1.ns.Exec(c[0], c[1:]...)
 	}
 	foreign, routes := others(t, n1), notOurs(t, n1)
 	pools := []v1.IPPool{ippool("v4", "10.244.0.0/16", "", v1.EncapAlways, true), ippool("v6", "fd00:10:244::/56", "", v1.EncapCrossSubnet, true)}
 	l.applyAll(pools...)
-	mustContain(t, "node1 with tabby", sh(t, n1.ns, "ip", "link")+sh(t, n1.ns, "iptables", "-t", "nat", "-S")+ourRoutes(t, n1.ns),
+	mustContain(t, "node1 with tabby", n1.ns.Exec("ip", "link")+n1.ns.Exec("iptables", "-t", "nat", "-S")+ourRoutes(t, n1.ns),
 		VXLANDevice, NATChain, "proto 81")
 
 	for range 2 {
-		in(t, n1.ns, n1.applier.Cleanup)
-		all := sh(t, n1.ns, "ip", "-d", "link") + sh(t, n1.ns, "iptables-save") + sh(t, n1.ns, "ip6tables-save") + sh(t, n1.ns, "ipset", "list", "-n") + ourRoutes(t, n1.ns)
+		n1.ns.Must(n1.applier.Cleanup)
+		all := n1.ns.Exec("ip", "-d", "link") + n1.ns.Exec("iptables-save") + n1.ns.Exec("ip6tables-save") + n1.ns.Exec("ipset", "list", "-n") + ourRoutes(t, n1.ns)
 		mustNotContain(t, "node1 after Cleanup", all, VXLANDevice, "tabby-", NATChain, "proto 81")
 		if got := others(t, n1); got != foreign {
 			t.Errorf("Cleanup changed others' rules:\n%s\nwant\n%s", got, foreign)
@@ -214,19 +214,19 @@ func TestApplyNATOnLegacyHost(t *testing.T) {
 		if _, err := exec.LookPath(c[0]); err != nil {
 			t.Skipf("SKIPPING: %s is not installed", c[0])
 		}
-		sh(t, n1.ns, c[0], c[1:]...)
+		n1.ns.Exec(c[0], c[1:]...)
 	}
 	n1.apply(t, Desired(l.inputs(n1, natPools(true)...)))
-	legacy4, legacy6 := sh(t, n1.ns, "iptables-legacy-save", "-t", "nat"), sh(t, n1.ns, "ip6tables-legacy-save", "-t", "nat")
+	legacy4, legacy6 := n1.ns.Exec("iptables-legacy-save", "-t", "nat"), n1.ns.Exec("ip6tables-legacy-save", "-t", "nat")
 	mustContain(t, "node1's legacy nat table", legacy4,
 		"-A POSTROUTING -m comment --comment \"tabby:nat-outgoing\" -j TABBY-NAT-OUTGOING\n-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\"",
 		"-A TABBY-NAT-OUTGOING -m set --match-set tabby-nat-pools src")
 	mustContain(t, "node1's legacy ip6tables nat table", legacy6, "-A TABBY-NAT-OUTGOING -m set --match-set tabby-nat-pools-v6 src")
-	mustNotContain(t, "node1's nft tables", sh(t, n1.ns, "iptables-nft-save")+sh(t, n1.ns, "ip6tables-nft-save"), NATChain)
+	mustNotContain(t, "node1's nft tables", n1.ns.Exec("iptables-nft-save")+n1.ns.Exec("ip6tables-nft-save"), NATChain)
 
-	in(t, n1.ns, n1.applier.Cleanup)
-	mustNotContain(t, "node1's legacy tables after Cleanup", sh(t, n1.ns, "iptables-legacy-save")+sh(t, n1.ns, "ip6tables-legacy-save"), NATChain)
-	mustContain(t, "node1's legacy nat table after Cleanup", sh(t, n1.ns, "iptables-legacy-save", "-t", "nat"), "-j KUBE-POSTROUTING")
+	n1.ns.Must(n1.applier.Cleanup)
+	mustNotContain(t, "node1's legacy tables after Cleanup", n1.ns.Exec("iptables-legacy-save")+n1.ns.Exec("ip6tables-legacy-save"), NATChain)
+	mustContain(t, "node1's legacy nat table after Cleanup", n1.ns.Exec("iptables-legacy-save", "-t", "nat"), "-j KUBE-POSTROUTING")
 }
 
 // An upgraded tabbyd adopts NAT outgoing as the tabbyd before the shared

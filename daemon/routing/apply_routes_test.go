@@ -20,7 +20,7 @@ func notOurs(t *testing.T, n *node) string {
 	t.Helper()
 	var keep []string
 	for _, fam := range []string{"-4", "-6"} {
-		for _, l := range strings.Split(sh(t, n.ns, "ip", fam, "route", "show", "table", "main"), "\n") {
+		for _, l := range strings.Split(n.ns.Exec("ip", fam, "route", "show", "table", "main"), "\n") {
 			if !strings.Contains(l, "proto 81") {
 				keep = append(keep, l)
 			}
@@ -66,7 +66,7 @@ func TestApplyNativeRoutes(t *testing.T) {
 		"route add 10.244.99.0/26 via 192.168.1.99 proto 81",
 		"-6 route add fd00:10:244:0:99::/122 via fd00:1::99 proto 81",
 	} {
-		ipIn(t, n1.ns, "%s", r)
+		n1.ns.IP("%s", r)
 	}
 	foreign := notOurs(t, n1)
 	mustContain(t, "node1's routes before tabby", foreign, "10.244.1.10 dev tabnode1-10 proto 80", "fd00:10:244:0:1::a dev tabnode1-10 proto 80")
@@ -121,7 +121,7 @@ func TestApplyNativeRoutes(t *testing.T) {
 	mustContain(t, "node1's tabby routes", ours, "blackhole 10.244.1.0/26", "blackhole fd00:10:244:0:1::/122")
 
 	// Cleanup removes tabby's routes and nothing else.
-	in(t, n1.ns, n1.applier.Cleanup)
+	n1.ns.Must(n1.applier.Cleanup)
 	if ours := ourRoutes(t, n1.ns); strings.TrimSpace(ours) != "" {
 		t.Errorf("after Cleanup tabby routes remain:\n%s", ours)
 	}

@@ -22,7 +22,7 @@ func dualStack(vxlan v1.EncapMode) []v1.IPPool {
 // checkVXLANDevice checks tabby.vxlan on n as the design wants it.
 func checkVXLANDevice(t *testing.T, n *node) {
 	t.Helper()
-	in(t, n.ns, func() error {
+	n.ns.Must(func() error {
 		l, err := netlink.LinkByName(VXLANDevice)
 		if err != nil {
 			return err
@@ -58,11 +58,11 @@ func TestApplyVXLAN(t *testing.T) {
 	checkVXLANDevice(t, n1)
 	checkVXLANDevice(t, n2)
 	ll2 := LinkLocalFromMAC(n2.info.VXLANMAC)
-	mustContain(t, "node1's addresses on "+VXLANDevice, sh(t, n1.ns, "ip", "addr", "show", "dev", VXLANDevice),
+	mustContain(t, "node1's addresses on "+VXLANDevice, n1.ns.Exec("ip", "addr", "show", "dev", VXLANDevice),
 		"inet 10.244.1.1/32", "inet6 "+LinkLocalFromMAC(n1.info.VXLANMAC).String()+"/64")
-	mustContain(t, "node1's FDB", sh(t, n1.ns, "bridge", "fdb", "show", "dev", VXLANDevice),
+	mustContain(t, "node1's FDB", n1.ns.Exec("bridge", "fdb", "show", "dev", VXLANDevice),
 		n2.info.VXLANMAC.String()+" dst 192.168.1.12 self permanent")
-	mustContain(t, "node1's neighbours", sh(t, n1.ns, "ip", "neigh", "show", "dev", VXLANDevice)+sh(t, n1.ns, "ip", "-6", "neigh", "show", "dev", VXLANDevice),
+	mustContain(t, "node1's neighbours", n1.ns.Exec("ip", "neigh", "show", "dev", VXLANDevice)+n1.ns.Exec("ip", "-6", "neigh", "show", "dev", VXLANDevice),
 		"10.244.2.1 lladdr "+n2.info.VXLANMAC.String()+" PERMANENT", ll2.String()+" lladdr "+n2.info.VXLANMAC.String()+" PERMANENT")
 	mustContain(t, "node1's tabby routes", ourRoutes(t, n1.ns),
 		"10.244.2.0/26 via 10.244.2.1 dev tabby.vxlan proto 81 onlink",
@@ -88,10 +88,10 @@ func TestApplyVXLAN(t *testing.T) {
 	// Drift: the device's MTU, a stale FDB entry and neighbour, a changed
 	// neighbour. One Apply repairs it all.
 	const stale = "02:00:00:00:00:99"
-	ipIn(t, n1.ns, "link set %s mtu 1300", VXLANDevice)
-	ipIn(t, n1.ns, "neigh add 10.244.99.1 lladdr %s dev %s nud permanent", stale, VXLANDevice)
-	ipIn(t, n1.ns, "neigh replace 10.244.2.1 lladdr %s dev %s nud permanent", stale, VXLANDevice)
-	sh(t, n1.ns, "bridge", "fdb", "add", stale, "dev", VXLANDevice, "dst", "192.168.1.99", "self", "permanent")
+	n1.ns.IP("link set %s mtu 1300", VXLANDevice)
+	n1.ns.IP("neigh add 10.244.99.1 lladdr %s dev %s nud permanent", stale, VXLANDevice)
+	n1.ns.IP("neigh replace 10.244.2.1 lladdr %s dev %s nud permanent", stale, VXLANDevice)
+	n1.ns.Exec("bridge", "fdb", "add", stale, "dev", VXLANDevice, "dst", "192.168.1.99", "self", "permanent")
 	st := n1.apply(t, s1)
 	if st.Links != (Counts{Updated: 1}) || st.FDB != (Counts{Removed: 1, Unchanged: 1}) || st.Neighbors != (Counts{Removed: 1, Updated: 1, Unchanged: 1}) {
 		t.Errorf("repairing drift: links %+v, FDB %+v, neighbours %+v", st.Links, st.FDB, st.Neighbors)
@@ -100,8 +100,8 @@ func TestApplyVXLAN(t *testing.T) {
 
 	// A device with the right name but the wrong VNI and learning on is
 	// recreated (and the routes through it come back).
-	ipIn(t, n1.ns, "link del %s", VXLANDevice)
-	ipIn(t, n1.ns, "link add %s type vxlan id 7 dstport %d learning", VXLANDevice, VXLANPort)
+	n1.ns.IP("link del %s", VXLANDevice)
+	n1.ns.IP("link add %s type vxlan id 7 dstport %d learning", VXLANDevice, VXLANPort)
 	st = n1.apply(t, s1)
 	if st.Links != (Counts{Added: 1, Removed: 1}) || st.Routes.Added != 2 {
 		t.Errorf("recreating the device: links %+v, routes %+v", st.Links, st.Routes)
@@ -113,7 +113,7 @@ func TestApplyVXLAN(t *testing.T) {
 	// VXLAN off: the device goes, routes are native, pods still talk.
 	l.applyAll(dualStackNever...)
 	for _, n := range l.nodes {
-		if out := sh(t, n.ns, "ip", "-br", "link", "show", "type", "vxlan"); strings.TrimSpace(out) != "" {
+		if out := n.ns.Exec("ip", "-br", "link", "show", "type", "vxlan"); strings.TrimSpace(out) != "" {
 			t.Errorf("%s still has a VXLAN device: %s", n.name, out)
 		}
 	}

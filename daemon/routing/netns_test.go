@@ -13,17 +13,14 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/plugin"
@@ -34,84 +31,32 @@ func needRoot(t *testing.T) {
 	tier.Root(t, "a real-kernel test: it creates network namespaces")
 }
 
-// newNS makes a namespace with lo up and without IPv6 duplicate address
-// detection (addresses are usable at once and do not change state behind
-// a test's back); it is removed when the test ends.
-func newNS(t *testing.T) ns.NetNS {
-	t.Helper()
-	n := testnet.NewNS(t)
-	setSysctls(t, n, "net/ipv6/conf/all/accept_dad", "0", "net/ipv6/conf/default/accept_dad", "0")
-	ipIn(t, n, "link set lo up")
-	return n
-}
-
-// in runs f inside namespace n, failing the test on error.
-func in(t *testing.T, n ns.NetNS, f func() error) {
-	t.Helper()
-	if err := n.Do(func(ns.NetNS) error { return f() }); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// setSysctls sets name/value pairs of /proc/sys inside n.
-func setSysctls(t *testing.T, n ns.NetNS, kv ...string) {
-	t.Helper()
-	in(t, n, func() error {
-		for i := 0; i+1 < len(kv); i += 2 {
-			if err := os.WriteFile("/proc/sys/"+kv[i], []byte(kv[i+1]), 0o644); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
-
-// ipIn runs `ip -n <n> ARGS` (space-separated, printf-style) on namespace n.
-func ipIn(t *testing.T, n ns.NetNS, format string, args ...any) string {
-	t.Helper()
-	argv := append([]string{"-n", filepath.Base(n.Path())}, strings.Fields(fmt.Sprintf(format, args...))...)
-	out, err := exec.Command("ip", argv...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ip %s: %v\n%s", strings.Join(argv, " "), err, out)
-	}
-	return string(out)
-}
-
-// plug makes a veth whose end dev is in n and whose other end, port, is
-// a port of bridge in the lab's underlay; dev gets the addresses.
-func (l *lab) plug(n ns.NetNS, dev, port, bridge string, addrs ...string) {
-	t := l.t
-	t.Helper()
-	ipIn(t, n, "link add %s type veth peer name %s netns %s", dev, port, filepath.Base(l.underlay.Path()))
-	ipIn(t, l.underlay, "link set %s master %s up", port, bridge)
-	ipIn(t, n, "link set %s up", dev)
-	for _, a := range addrs {
-		ipIn(t, n, "addr add %s dev %s nodad", a, dev)
-	}
-}
-
 // lab is an underlay of one or two subnets, 192.168.S.0/24 and fd00:S::/64
 // on bridges brS, whose router (when there are two) is .1 and ::1.
 type lab struct {
-	t        *testing.T
-	underlay ns.NetNS
-	nodes    []*node
+	t     *testing.T
+	net   *netnstest.Net
+	nodes []*node
 }
 
 func newLab(t *testing.T, subnets int) *lab {
 	t.Helper()
 	needRoot(t)
-	l := &lab{t: t, underlay: newNS(t)}
+	var bridges []string
 	for s := 1; s <= subnets; s++ {
-		ipIn(t, l.underlay, "link add br%d up type bridge", s)
+		bridges = append(bridges, fmt.Sprintf("br%d", s))
 	}
+	l := &lab{t: t, net: netnstest.NewNet(t, bridges...)}
 	if subnets > 1 {
-		router := newNS(t)
+		router := netnstest.New(t, "router")
 		for s := 1; s <= subnets; s++ {
-			l.plug(router, fmt.Sprintf("eth%d", s), fmt.Sprintf("router-%d", s), fmt.Sprintf("br%d", s),
+			err := l.net.Plug(router, fmt.Sprintf("eth%d", s), fmt.Sprintf("router-%d", s), fmt.Sprintf("br%d", s),
 				fmt.Sprintf("192.168.%d.1/24", s), fmt.Sprintf("fd00:%d::1/64", s))
+			if err != nil {
+				t.Fatal(err)
+			}
 		}
-		setSysctls(t, router, "net/ipv4/ip_forward", "1", "net/ipv6/conf/all/forwarding", "1")
+		router.Sysctl("net/ipv4/ip_forward", "1", "net/ipv6/conf/all/forwarding", "1")
 	}
 	return l
 }
@@ -120,7 +65,7 @@ func newLab(t *testing.T, subnets int) *lab {
 // identity, one IPv4 and one IPv6 block, and an Applier.
 type node struct {
 	name    string
-	ns      ns.NetNS
+	ns      *netnstest.NS
 	info    NodeInfo
 	blocks  []netip.Prefix
 	applier *Applier
@@ -147,13 +92,12 @@ func (l *lab) addNode(i, s int) *node {
 // routes via the subnet's .1 and ::1: every real node has one, and proxy
 // ARP for the pods' gateway 169.254.1.1 needs a route to it. Without a
 // router it leads to the bridge, where unknown destinations die.
-func (l *lab) attach(name string, s, h int) (ns.NetNS, netip.Prefix, netip.Prefix) {
+func (l *lab) attach(name string, s, h int) (*netnstest.NS, netip.Prefix, netip.Prefix) {
 	l.t.Helper()
-	n := newNS(l.t)
 	v4, v6 := pfx(fmt.Sprintf("192.168.%d.%d/24", s, h)), pfx(fmt.Sprintf("fd00:%d::%d/64", s, h))
-	l.plug(n, "eth0", name, fmt.Sprintf("br%d", s), v4.String(), v6.String())
-	ipIn(l.t, n, "route add default via 192.168.%d.1", s)
-	ipIn(l.t, n, "-6 route add default via fd00:%d::1", s)
+	n := l.net.Node(name, name, fmt.Sprintf("br%d", s), v4.String(), v6.String())
+	n.IP("route add default via 192.168.%d.1", s)
+	n.IP("-6 route add default via fd00:%d::1", s)
 	return n, v4, v6
 }
 
@@ -198,7 +142,7 @@ func (n *node) apply(t *testing.T, s State) Stats {
 func (n *node) tryApply(s State) (Stats, error) {
 	var st Stats
 	var err error
-	if derr := n.ns.Do(func(ns.NetNS) error { st, err = n.applier.Apply(s); return nil }); derr != nil {
+	if derr := n.ns.Run(func() error { st, err = n.applier.Apply(s); return nil }); derr != nil {
 		return st, derr
 	}
 	return st, err
@@ -206,14 +150,14 @@ func (n *node) tryApply(s State) (Stats, error) {
 
 // pod is a pod namespace wired into a node by the CNI plugin's code.
 type pod struct {
-	ns     ns.NetNS
+	ns     *netnstest.NS
 	v4, v6 netip.Addr
 }
 
 // addPod wires a pod holding the j-th address of each of the node's blocks.
 func (n *node) addPod(t *testing.T, j int) *pod {
 	t.Helper()
-	p := &pod{ns: newNS(t), v4: n.blocks[0].Addr(), v6: n.blocks[1].Addr()}
+	p := &pod{ns: netnstest.New(t, fmt.Sprintf("%s-pod%d", n.name, j)), v4: n.blocks[0].Addr(), v6: n.blocks[1].Addr()}
 	for range j {
 		p.v4, p.v6 = p.v4.Next(), p.v6.Next()
 	}
@@ -221,7 +165,7 @@ func (n *node) addPod(t *testing.T, j int) *pod {
 		HostVeth: fmt.Sprintf("tab%s-%d", n.name, j), IfName: "eth0", Alias: "test", MTU: 1400,
 		IPs: []net.IPNet{*ipNet(netip.PrefixFrom(p.v4, 32)), *ipNet(netip.PrefixFrom(p.v6, 128))},
 	}
-	in(t, n.ns, func() error {
+	n.ns.Must(func() error {
 		if _, _, err := plugin.SetupPod(p.ns, n.ns, w); err != nil {
 			return err
 		}
@@ -238,23 +182,8 @@ func ping(t *testing.T, from *pod, dst netip.Addr) {
 	}
 }
 
-// sh runs a command inside namespace n and returns its output.
-func sh(t *testing.T, n ns.NetNS, name string, args ...string) string {
-	t.Helper()
-	var out []byte
-	in(t, n, func() error {
-		var err error
-		out, err = exec.Command(name, args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-		}
-		return nil
-	})
-	return string(out)
-}
-
 // snapshot is what an Apply could change in a node, as text.
-func snapshot(t *testing.T, n ns.NetNS) string {
+func snapshot(t *testing.T, n *netnstest.NS) string {
 	t.Helper()
 	var b strings.Builder
 	for _, c := range [][]string{
@@ -269,17 +198,17 @@ func snapshot(t *testing.T, n ns.NetNS) string {
 		{"ip6tables", "-t", "nat", "-S"},
 		{"ipset", "save"},
 	} {
-		fmt.Fprintf(&b, "$ %s\n%s", strings.Join(c, " "), sh(t, n, c[0], c[1:]...))
+		fmt.Fprintf(&b, "$ %s\n%s", strings.Join(c, " "), n.Exec(c[0], c[1:]...))
 	}
 	return b.String()
 }
 
 // ourRoutes lists the node's RouteProtocol routes as `ip route` prints them.
-func ourRoutes(t *testing.T, n ns.NetNS) string {
+func ourRoutes(t *testing.T, n *netnstest.NS) string {
 	t.Helper()
 	var ours []string
 	for _, fam := range []string{"-4", "-6"} {
-		for _, l := range strings.Split(sh(t, n, "ip", fam, "route", "show", "table", "main"), "\n") {
+		for _, l := range strings.Split(n.Exec("ip", fam, "route", "show", "table", "main"), "\n") {
 			if strings.Contains(l, "proto 81") {
 				ours = append(ours, l)
 			}
@@ -292,7 +221,7 @@ func ourRoutes(t *testing.T, n ns.NetNS) string {
 func vxlanTx(t *testing.T, n *node) uint64 {
 	t.Helper()
 	var tx uint64
-	in(t, n.ns, func() error {
+	n.ns.Must(func() error {
 		l, err := netlink.LinkByName(VXLANDevice)
 		if err != nil {
 			return err
