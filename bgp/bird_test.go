@@ -63,7 +63,7 @@ func startBirdRoutes(t *testing.T, node *labNode, as uint32, peers map[int]uint3
 	}
 	logs := &testnet.SyncBuffer{}
 	b := &bird{t: t, sock: filepath.Join(dir, "bird.ctl"), logs: logs}
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+node.ns, "bird", "-f", "-c", confPath, "-s", b.sock)
+	cmd := node.ns.Command("bird", "-f", "-c", confPath, "-s", b.sock)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

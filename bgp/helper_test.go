@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/testnet"
 )
 
@@ -97,7 +98,7 @@ func TestHelperSpeakerProcess(t *testing.T) {
 type proc struct {
 	t    *testing.T
 	name string
-	ns   string
+	ns   *netnstest.NS
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -132,7 +133,7 @@ func (p *proc) spawn() {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+p.ns, self, "-test.run=^TestHelperSpeakerProcess$", "-test.count=1")
+	cmd := p.ns.Command(self, "-test.run=^TestHelperSpeakerProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	cmd.ExtraFiles = []*os.File{respW}
 	cmd.Stderr = p.logs

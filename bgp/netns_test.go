@@ -3,35 +3,27 @@ package bgp
 import (
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
-	"strings"
-	"sync/atomic"
 	"testing"
 
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
-// A lab for real BGP sessions: network namespaces on a bridge that lives in
-// a namespace of its own, so nothing touches the host's namespace. Node i
-// has eth0 with 10.77.0.i/24; every test's namespaces have names of their
-// own and are removed when it ends, also when it fails.
-
-const labSubnet = "10.77.0.0/24"
-
-var labSeq atomic.Int32
+// A lab for real BGP sessions: network namespaces on a bridge of a
+// netnstest underlay, so nothing touches the host's namespace. Node i has
+// eth0 with 10.77.0.i/24; every test's namespaces are removed when it
+// ends, also when it fails.
 
 type lab struct {
-	t      *testing.T
-	prefix string
-	bridge string // namespace holding the bridge
+	t   *testing.T
+	net *netnstest.Net
 	// dualStack gives nodes made from now on fd00:77::i/64 too.
 	dualStack bool
 }
 
 // labNode is a network namespace on the lab's bridge.
 type labNode struct {
-	ns    string
+	ns    *netnstest.NS
 	addr  netip.Prefix
 	addr6 netip.Prefix // zero unless the lab is dual-stack
 }
@@ -45,49 +37,23 @@ func needRoot(t *testing.T, programs ...string) {
 	tier.Root(t, "to create network namespaces", append([]string{"ip", "nsenter"}, programs...)...)
 }
 
-// newLab makes the bridge namespace; nodes come with node().
+// newLab makes the underlay and its bridge; nodes come with node().
 func newLab(t *testing.T) *lab {
 	t.Helper()
-	l := &lab{t: t, prefix: fmt.Sprintf("tbgp-%d-%d", os.Getpid(), labSeq.Add(1))}
-	l.bridge = l.prefix + "-br"
-	l.addNS(l.bridge)
-	l.ip("-n", l.bridge, "link", "add", "br0", "type", "bridge")
-	l.ip("-n", l.bridge, "link", "set", "br0", "up")
-	return l
-}
-
-// addNS creates a namespace and registers its removal.
-func (l *lab) addNS(name string) {
-	l.ip("netns", "add", name)
-	l.t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			l.t.Errorf("removing namespace %s: %v: %s", name, err, out)
-		}
-	})
-	l.ip("-n", name, "link", "set", "lo", "up")
+	return &lab{t: t, net: netnstest.NewNet(t, "br0")}
 }
 
 // node makes node i: a namespace with eth0 (10.77.0.i/24) on the bridge.
 func (l *lab) node(i int) *labNode {
-	n := &labNode{ns: fmt.Sprintf("%s-n%d", l.prefix, i), addr: netip.MustParsePrefix(fmt.Sprintf("10.77.0.%d/24", i))}
-	l.addNS(n.ns)
-	veth := fmt.Sprintf("v%d", i)
-	l.ip("-n", l.bridge, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", n.ns)
-	l.ip("-n", l.bridge, "link", "set", veth, "master", "br0", "up")
-	l.ip("-n", n.ns, "addr", "add", n.addr.String(), "dev", "eth0")
+	l.t.Helper()
+	n := &labNode{addr: netip.MustParsePrefix(fmt.Sprintf("10.77.0.%d/24", i))}
+	addrs := []string{n.addr.String()}
 	if l.dualStack {
 		n.addr6 = netip.MustParsePrefix(fmt.Sprintf("fd00:77::%d/64", i))
-		l.ip("-n", n.ns, "addr", "add", n.addr6.String(), "dev", "eth0", "nodad")
+		addrs = append(addrs, n.addr6.String())
 	}
-	l.ip("-n", n.ns, "link", "set", "eth0", "up")
+	n.ns = l.net.Node(fmt.Sprintf("n%d", i), fmt.Sprintf("v%d", i), "br0", addrs...)
 	return n
-}
-
-func (l *lab) ip(args ...string) {
-	l.t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		l.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
 }
 
 // bgpNode is the lab node as DesiredPeers sees it.
