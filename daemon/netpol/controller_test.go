@@ -8,6 +8,7 @@ package netpol
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,15 +16,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -39,6 +37,7 @@ import (
 	"github.com/tabbynet/tabby/daemon/cniagent"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
@@ -52,7 +51,7 @@ type world struct {
 	ds      *datastore.Client
 	node    string
 	ns      string // Kubernetes namespace
-	netns   ns.NetNS
+	netns   *netnstest.NS
 	ipam    *ipam.IPAM
 	network string
 }
@@ -91,14 +90,7 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	w.ipam = ipam.New(ds)
-	w.netns, err = testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = w.netns.Close()
-		_ = testutils.UnmountNS(w.netns)
-	})
+	w.netns = netnstest.New(t, w.node)
 	return w
 }
 
@@ -146,27 +138,11 @@ func (w *world) policy(t *testing.T, np *networkingv1.NetworkPolicy) {
 	}
 }
 
-// inNetNS runs f on a thread inside netns (the applier programs the
-// namespace of the calling thread). The thread is never handed back: it
-// ends with the goroutine.
-func inNetNS(netns ns.NetNS, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := netns.Set(); err != nil {
-			errc <- fmt.Errorf("entering %s: %w", netns.Path(), err)
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
-}
-
 // kernel prints the filter table and the ipsets of netns.
 func (w *world) kernel(t *testing.T, b string) string {
 	t.Helper()
 	var out strings.Builder
-	err := w.netns.Do(func(ns.NetNS) error {
+	err := w.netns.Run(func() error {
 		for _, argv := range [][]string{{b, "-t", "filter"}, {"ipset", "save"}} {
 			o, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
 			if err != nil {
@@ -240,42 +216,20 @@ func (w *world) start(t *testing.T, compile Compiler) *running {
 	realRec, stopEvents := NewRecorder(w.ds, w.node)
 	t.Cleanup(stopEvents)
 	r := &running{reg: prometheus.NewRegistry(), rec: &countingRecorder{EventRecorder: realRec, n: map[string]int{}}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	started := make(chan error, 1)
-	go func() {
-		done <- inNetNS(w.netns, func() error {
-			a, err := apply.New(apply.Options{Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				started <- err
-				return nil
-			}
-			r.applier = a
-			r.c, err = New(Config{Node: w.node, DS: w.ds, Policies: pc, Compile: compile, Applier: a, DenyUnlisted: true,
-				Recorder: r.rec, Registerer: r.reg, JumpCheck: 200 * time.Millisecond})
-			started <- err
-			if err != nil {
-				return nil
-			}
-			err = r.c.Run(ctx)
-			// Leave the namespace as it was (it goes with the test anyway).
-			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer ccancel()
-			if _, cerr := a.Cleanup(cctx); cerr != nil && err == nil {
-				err = cerr
-			}
+	w.netns.Serve("the controller", func() (err error) {
+		if r.applier, err = apply.New(apply.Options{Logger: slog.New(slog.DiscardHandler)}); err != nil {
 			return err
-		})
-	}()
-	if err := <-started; err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("the controller: %v", err)
 		}
+		r.c, err = New(Config{Node: w.node, DS: w.ds, Policies: pc, Compile: compile, Applier: r.applier, DenyUnlisted: true,
+			Recorder: r.rec, Registerer: r.reg, JumpCheck: 200 * time.Millisecond})
+		return err
+	}, func(ctx context.Context) error {
+		err := r.c.Run(ctx)
+		// Leave the namespace as it was (it goes with the test anyway).
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, cerr := r.applier.Cleanup(cctx)
+		return errors.Join(err, cerr)
 	})
 	return r
 }
@@ -329,7 +283,7 @@ func TestControllerProgramsPods(t *testing.T) {
 		res := result{gen: gen, err: err}
 		if err == nil {
 			var out strings.Builder
-			_ = w.netns.Do(func(ns.NetNS) error {
+			_ = w.netns.Run(func() error {
 				o, _ := exec.Command(r.applier.Backend().IPTablesSave, "-t", "filter").CombinedOutput()
 				out.Write(o)
 				o, _ = exec.Command("ipset", "save").CombinedOutput()
@@ -418,7 +372,7 @@ func TestControllerRepairsJumps(t *testing.T) {
 	}
 	ipt := r.applier.Backend().IPTables
 	jump := []string{"-D", "FORWARD", "-m", "comment", "--comment", "tabby:network-policy", "-j", policy.ChainForward}
-	if err := w.netns.Do(func(ns.NetNS) error {
+	if err := w.netns.Run(func() error {
 		if o, err := exec.Command(ipt, jump...).CombinedOutput(); err != nil {
 			return fmt.Errorf("%v: %s", err, o)
 		}
