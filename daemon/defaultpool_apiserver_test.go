@@ -13,10 +13,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/testnet"
-	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // TestDefaultPoolAfterRefusal: when the API server's admission refuses the
@@ -25,25 +23,13 @@ import (
 // tabbyd tries again and creates it once admission lets it through. A
 // tabbyd that gave up left a lab with no pool and every node NotReady.
 func TestDefaultPoolAfterRefusal(t *testing.T) {
-	tier.Root(t, "a control plane of its own (it stops its API server)")
+	ds := clustertest.Client(t)
+	cs, err := kubernetes.NewForConfig(clustertest.Config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := controlplane.Start(ctx, controlplane.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
-	if err := c.InstallCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := datastore.New(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, err := kubernetes.NewForConfig(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	// A policy that refuses the default pool, as a not-yet-ready one does
 	// (a validation failure is Invalid, 422).
@@ -65,6 +51,15 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 	if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, vap, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The control plane is the package's: leave it as it was.
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(bg, policy, metav1.DeleteOptions{})
+		_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(bg, policy, metav1.DeleteOptions{})
+		for _, pool := range []string{DefaultPoolName, "users-pool"} {
+			_ = ds.IPPools.Delete(bg, pool, metav1.DeleteOptions{})
+		}
+	})
 	binding := &admissionv1.ValidatingAdmissionPolicyBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: policy},
 		Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{

@@ -14,8 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
-	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
@@ -52,23 +51,14 @@ func runWaitsInNetNS(t *testing.T) {
 	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Fatalf("ip link set lo up: %v: %s", err, out)
 	}
+	// This copy's own control plane, on the new namespace's loopback.
+	c := clustertest.Cluster(t)
+	ds := clustertest.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := controlplane.Start(ctx, controlplane.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
-	if err := c.InstallCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := c.WriteKubeconfig(kubeconfig, c.Server); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := datastore.New(c.RESTConfig())
-	if err != nil {
 		t.Fatal(err)
 	}
 

@@ -14,9 +14,10 @@ import (
 
 	v1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/internal/controlplane"
-	"github.com/tabbynet/tabby/internal/tier"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
+
+func TestMain(m *testing.M) { clustertest.Main(m, nil) }
 
 // TestLoadFromAPIServer: the objects a real API server holds (Nodes with
 // tabbyd's annotations and the reflector label, the BGPConfiguration,
@@ -24,21 +25,10 @@ import (
 // of a user who may not exec names the grant to ask for, and the
 // topology is still drawn.
 func TestLoadFromAPIServer(t *testing.T) {
-	tier.Root(t, "a control plane of its own")
+	c := clustertest.Cluster(t)
+	ds := clustertest.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, err := controlplane.Start(ctx, controlplane.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
-	if err := c.InstallCRDs(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ds, err := datastore.New(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 	nodes := []corev1.Node{node("node1", "10.0.0.1"), node("node2", "10.0.0.2"), node("node3", "10.0.0.3"),
 		node("rr", "10.0.0.9", v1.LabelRouteReflector, "true")}
 	nodes[2].Annotations[v1.AnnotationASNumber] = "65200"
