@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -46,8 +47,9 @@ type NS struct {
 	ns.NetNS
 	// Name is the namespace's name under RunDir: `ip -n Name`,
 	// `nsenter --net=` + Path().
-	Name string
-	tb   testing.TB
+	Name   string
+	tb     testing.TB
+	remove sync.Once
 }
 
 // New makes a namespace for tb, removed when tb ends: lo up and IPv6
@@ -68,18 +70,24 @@ func New(tb testing.TB, label string) *NS {
 		tb.Fatalf("opening namespace %s: %v", name, err)
 	}
 	n := &NS{NetNS: h, Name: name, tb: tb}
-	tb.Cleanup(func() {
-		err := n.Close()
-		if out, derr := exec.Command("ip", "netns", "del", name).CombinedOutput(); derr != nil {
-			err = errors.Join(err, fmt.Errorf("%v: %s", derr, out))
-		}
-		if err != nil {
-			tb.Errorf("removing namespace %s: %v", name, err)
-		}
-	})
+	tb.Cleanup(n.Remove)
 	n.Sysctl("net/ipv6/conf/all/accept_dad", "0", "net/ipv6/conf/default/accept_dad", "0")
 	n.IP("link set lo up")
 	return n
+}
+
+// Remove removes n now rather than when the test ends (a benchmark that
+// makes a namespace per iteration frees them as it goes); it runs once.
+func (n *NS) Remove() {
+	n.remove.Do(func() {
+		err := n.Close()
+		if out, derr := exec.Command("ip", "netns", "del", n.Name).CombinedOutput(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("%v: %s", derr, out))
+		}
+		if err != nil {
+			n.tb.Errorf("removing namespace %s: %v", n.Name, err)
+		}
+	})
 }
 
 // Run runs f on a thread inside n (ns.NetNS.Do); programs f starts run

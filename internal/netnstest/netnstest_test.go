@@ -152,3 +152,17 @@ func TestServe(t *testing.T) {
 		t.Error("Serve's cleanup returned before serve did")
 	}
 }
+
+// TestRemove: Remove takes the namespace away at once, and the cleanup
+// after it neither fails nor removes anything twice.
+func TestRemove(t *testing.T) {
+	n := netnstest.New(t, "early")
+	if !listed(t, n.Name) {
+		t.Fatalf("ip netns list lacks %s", n.Name)
+	}
+	n.Remove()
+	n.Remove()
+	if listed(t, n.Name) {
+		t.Errorf("%s is still there after Remove", n.Name)
+	}
+}
