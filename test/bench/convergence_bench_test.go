@@ -33,8 +33,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -48,97 +46,12 @@ import (
 	"github.com/tabbynet/tabby/daemon/routing"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // convSubnet is the underlay's subnet: node i (0-based) is .11+i.
 var convSubnet = netip.MustParsePrefix("10.79.0.0/24")
-
-// underlay is a namespace holding the bridge the nodes' eth0 are plugged
-// into: their BGP sessions and routes' next hops are there, and nothing
-// leads out of it.
-type underlay struct {
-	ns     ns.NetNS
-	bridge int // the bridge's link index
-}
-
-func newUnderlay(b *testing.B) *underlay {
-	b.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := errors.Join(n.Close(), testutils.UnmountNS(n)); err != nil {
-			b.Errorf("removing the underlay: %v", err)
-		}
-	})
-	u := &underlay{ns: n}
-	err = withHandle(n, func(h *netlink.Handle) error {
-		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
-		if err := h.LinkAdd(br); err != nil {
-			return fmt.Errorf("adding the underlay bridge: %w", err)
-		}
-		l, err := h.LinkByName("br0")
-		if err != nil {
-			return err
-		}
-		u.bridge = l.Attrs().Index
-		for _, name := range []string{"lo", "br0"} {
-			if l, err := h.LinkByName(name); err != nil {
-				return err
-			} else if err := h.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return u
-}
-
-// withHandle runs f with a netlink handle inside the namespace n.
-func withHandle(n ns.NetNS, f func(*netlink.Handle) error) error {
-	h, err := netlink.NewHandleAt(netns.NsHandle(int(n.Fd())))
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	return f(h)
-}
-
-// plug gives node n an eth0 on the bridge with address addr (the port in
-// the underlay is named port).
-func (u *underlay) plug(n *testnet.Node, port string, addr netip.Prefix) error {
-	err := withHandle(u.ns, func(h *netlink.Handle) error {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port, MasterIndex: u.bridge}, PeerName: "eth0",
-			PeerNamespace: netlink.NsFd(int(n.NS.Fd()))}
-		if err := h.LinkAdd(veth); err != nil {
-			return fmt.Errorf("adding %s's eth0: %w", n.Name, err)
-		}
-		l, err := h.LinkByName(port)
-		if err != nil {
-			return err
-		}
-		return h.LinkSetUp(l)
-	})
-	if err != nil {
-		return err
-	}
-	return withHandle(n.NS, func(h *netlink.Handle) error {
-		l, err := h.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), 32)}}
-		if err := h.AddrAdd(l, a); err != nil {
-			return fmt.Errorf("adding %s to %s's eth0: %w", addr, n.Name, err)
-		}
-		return h.LinkSetUp(l)
-	})
-}
 
 // register makes the Node object what a kubelet makes it: Ready, with its
 // InternalIP and Hostname.
@@ -164,7 +77,7 @@ type convNode struct {
 
 // startNodes makes count nodes named prefix-nodeI on u, each with its
 // tabbyd, a few at a time.
-func startNodes(b *testing.B, u *underlay, prefix string, count int) []*convNode {
+func startNodes(b *testing.B, u *netnstest.Net, prefix string, count int) []*convNode {
 	b.Helper()
 	nodes := make([]*convNode, count)
 	errs := make([]error, count)
@@ -184,7 +97,7 @@ func startNodes(b *testing.B, u *underlay, prefix string, count int) []*convNode
 	return nodes
 }
 
-func startNode(b *testing.B, u *underlay, name string, i int) (*convNode, error) {
+func startNode(b *testing.B, u *netnstest.Net, name string, i int) (*convNode, error) {
 	ctx := context.Background()
 	n, err := testnet.NewNode(ctx, testnet.NodeOptions{
 		Name: name,
@@ -208,8 +121,8 @@ func startNode(b *testing.B, u *underlay, name string, i int) (*convNode, error)
 	for range 11 + i {
 		ip = ip.Next()
 	}
-	if err := u.plug(n, fmt.Sprintf("p%d", i+1), netip.PrefixFrom(ip, convSubnet.Bits())); err != nil {
-		return nil, err
+	if err := u.Plug(n.NS, "eth0", fmt.Sprintf("p%d", i+1), "br0", netip.PrefixFrom(ip, convSubnet.Bits()).String()); err != nil {
+		return nil, fmt.Errorf("plugging %s into the underlay: %w", name, err)
 	}
 	if err := register(ctx, n, ip); err != nil {
 		return nil, fmt.Errorf("registering Node %s: %w", name, err)
@@ -580,7 +493,7 @@ func benchConvergence(b *testing.B, count, run int) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { cleanupPool(b, ds, pool.Name, prefix) })
-	u := newUnderlay(b)
+	u := netnstest.NewNet(b, "br0")
 	nodes := startNodes(b, u, prefix, count)
 	b.Logf("%d nodes (namespaces on one bridge, tabbyd alone in each) up in %v", count, time.Since(start).Round(time.Millisecond))
 	w := watchRoutes(b, ds, nodes)

@@ -12,11 +12,9 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -286,22 +284,6 @@ func kernelSize(ctx context.Context, save4, save6 string) (npSize, error) {
 		}
 	}
 	return s, nil
-}
-
-// inNetNS runs f on a new thread inside netns and waits for it; the thread
-// is never handed back to the runtime (it ends with the goroutine), so no
-// other goroutine ever runs in netns by accident.
-func inNetNS(netns ns.NetNS, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := netns.Set(); err != nil {
-			errc <- fmt.Errorf("entering %s: %w", netns.Path(), err)
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
 }
 
 // setMember is one member of one of tabby's ipsets, as the kernel is asked

@@ -41,7 +41,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -54,6 +53,7 @@ import (
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/plugin"
@@ -113,29 +113,6 @@ func needPolicyTools(b *testing.B, extra ...string) {
 		append([]string{"ipset", "iptables-restore"}, extra...)...)
 }
 
-// newNetNS makes a network namespace; close (also run at cleanup, once)
-// removes it.
-func newNetNS(b *testing.B) (n ns.NetNS, close func()) {
-	b.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		b.Fatalf("creating a network namespace: %v", err)
-	}
-	var once sync.Once
-	close = func() {
-		once.Do(func() {
-			if err := n.Close(); err != nil {
-				b.Errorf("closing namespace %s: %v", n.Path(), err)
-			}
-			if err := testutils.UnmountNS(n); err != nil {
-				b.Errorf("removing namespace %s: %v", n.Path(), err)
-			}
-		})
-	}
-	b.Cleanup(close)
-	return n, close
-}
-
 var quiet = slog.New(slog.DiscardHandler)
 
 // newApplier is an applier for netns (be nil: the backend detected there,
@@ -143,7 +120,7 @@ var quiet = slog.New(slog.DiscardHandler)
 func newApplier(b *testing.B, netns ns.NetNS, be *iptbackend.Backend) *apply.Applier {
 	b.Helper()
 	var a *apply.Applier
-	err := inNetNS(netns, func() (err error) {
+	err := netnstest.Thread(netns, func() (err error) {
 		a, err = apply.New(apply.Options{Backend: be, Logger: quiet})
 		return err
 	})
@@ -154,7 +131,7 @@ func newApplier(b *testing.B, netns ns.NetNS, be *iptbackend.Backend) *apply.App
 }
 
 func applyIn(netns ns.NetNS, a *apply.Applier, rs *policy.Ruleset) (st apply.Stats, err error) {
-	err = inNetNS(netns, func() (err error) {
+	err = netnstest.Thread(netns, func() (err error) {
 		st, err = a.Apply(context.Background(), rs)
 		return err
 	})
@@ -164,7 +141,7 @@ func applyIn(netns ns.NetNS, a *apply.Applier, rs *policy.Ruleset) (st apply.Sta
 // checkKernel compares what the kernel of netns holds with rs.
 func checkKernel(netns ns.NetNS, be iptbackend.Backend, rs *policy.Ruleset) (npSize, error) {
 	var got npSize
-	err := inNetNS(netns, func() (err error) {
+	err := netnstest.Thread(netns, func() (err error) {
 		got, err = kernelSize(context.Background(), be.IPTablesSave, be.IP6TablesSave)
 		return err
 	})
@@ -222,7 +199,7 @@ func BenchmarkNetpolFullSync(b *testing.B) {
 				n := 0
 				for b.Loop() {
 					b.StopTimer()
-					netns, closeNS := newNetNS(b)
+					netns := netnstest.New(b, "np-apply")
 					a := newApplier(b, netns, &be)
 					b.StartTimer()
 					t0 := time.Now()
@@ -249,7 +226,7 @@ func BenchmarkNetpolFullSync(b *testing.B) {
 					setsT += st.SetsTime
 					chainsT += st.ChainsTime
 					readT += st.ReadTime
-					closeNS()
+					netns.Remove()
 					b.StartTimer()
 				}
 				size := rulesetSize(rs)
@@ -298,7 +275,7 @@ func BenchmarkNetpolRuleCount(b *testing.B) {
 					var rs *policy.Ruleset
 					for b.Loop() {
 						b.StopTimer()
-						netns, closeNS := newNetNS(b)
+						netns := netnstest.New(b, "np-apply")
 						a := newApplier(b, netns, nil)
 						b.StartTimer()
 						rs = policy.Compile(in)
@@ -310,7 +287,7 @@ func BenchmarkNetpolRuleCount(b *testing.B) {
 						if size, err = checkKernel(netns, a.Backend(), rs); err != nil {
 							b.Fatal(err)
 						}
-						closeNS()
+						netns.Remove()
 						b.StartTimer()
 					}
 					b.ReportMetric(float64(size.rules), "rules")
@@ -446,7 +423,7 @@ type runningController struct {
 // applier of the backend detected in the node, deny-unlisted, default
 // resync and jump check) with its loop on a thread in netns, until the
 // benchmark ends; then it removes what it programmed.
-func startController(b *testing.B, netns ns.NetNS) *runningController {
+func startController(b *testing.B, netns *netnstest.NS) *runningController {
 	b.Helper()
 	cfg := clustertest.Config(b)
 	ds, err := datastore.New(cfg)
@@ -458,40 +435,19 @@ func startController(b *testing.B, netns ns.NetNS) *runningController {
 		b.Fatal(err)
 	}
 	r := &runningController{reg: prometheus.NewRegistry()}
-	ctx, cancel := context.WithCancel(context.Background())
-	started, done := make(chan error, 1), make(chan error, 1)
-	go func() {
-		done <- inNetNS(netns, func() error {
-			a, err := apply.New(apply.Options{Logger: quiet})
-			if err != nil {
-				started <- err
-				return nil
-			}
-			r.a = a
-			r.c, err = netpol.New(netpol.Config{Node: npNode, DS: ds, Policies: pc, Compile: policy.Compile, Applier: a,
-				DenyUnlisted: true, Registerer: r.reg})
-			started <- err
-			if err != nil {
-				return nil
-			}
-			err = r.c.Run(ctx)
-			cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
-			defer ccancel()
-			if _, cerr := a.Cleanup(cctx); cerr != nil && err == nil {
-				err = cerr
-			}
+	netns.Serve("the NetworkPolicy controller", func() (err error) {
+		if r.a, err = apply.New(apply.Options{Logger: quiet}); err != nil {
 			return err
-		})
-	}()
-	if err := <-started; err != nil {
-		cancel()
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("the NetworkPolicy controller: %v", err)
 		}
+		r.c, err = netpol.New(netpol.Config{Node: npNode, DS: ds, Policies: pc, Compile: policy.Compile, Applier: r.a,
+			DenyUnlisted: true, Registerer: r.reg})
+		return err
+	}, func(ctx context.Context) error {
+		err := r.c.Run(ctx)
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, cerr := r.a.Cleanup(cctx)
+		return errors.Join(err, cerr)
 	})
 	return r
 }
@@ -619,7 +575,7 @@ func (f *flip) checkWithIPSet(s int) error {
 // s, and returns when it saw it.
 func (f *flip) waitState(netns ns.NetNS, s int, timeout time.Duration) (time.Time, error) {
 	var at time.Time
-	err := inNetNS(netns, func() error {
+	err := netnstest.Thread(netns, func() error {
 		deadline := time.Now().Add(timeout)
 		for {
 			ok, off, err := f.inState(s)
@@ -659,7 +615,7 @@ func BenchmarkNetpolLabelFlip(b *testing.B) {
 	loadNPWorld(b, w)
 	loaded := time.Now()
 	b.Logf("created 50 namespaces, %d policies and %d pods in the API server in %v", len(w.Policies), len(w.Pods), loaded.Sub(start).Round(time.Millisecond))
-	netns, _ := newNetNS(b)
+	netns := netnstest.New(b, "np-node")
 	r := startController(b, netns)
 	var first *corev1.Pod
 	for _, p := range w.Pods {
@@ -739,7 +695,7 @@ func BenchmarkNetpolLabelFlip(b *testing.B) {
 				b.StopTimer()
 				lat = append(lat, at.Sub(t1))
 				upd = append(upd, t1.Sub(t0))
-				if err := inNetNS(netns, func() error { return f.checkWithIPSet(state) }); err != nil {
+				if err := netnstest.Thread(netns, func() error { return f.checkWithIPSet(state) }); err != nil {
 					b.Fatalf("flip %d: %v", len(lat), err)
 				}
 				time.Sleep(100 * time.Millisecond)
@@ -792,14 +748,14 @@ func iperfPods(w *npWorld) (server, client *corev1.Pod) {
 // the node.
 func wirePod(b *testing.B, node ns.NetNS, p *corev1.Pod) ns.NetNS {
 	b.Helper()
-	podNS, _ := newNetNS(b)
+	podNS := netnstest.New(b, "np-pod")
 	addr := netip.MustParseAddr(p.Status.PodIP)
 	w := &plugin.Wiring{
 		HostVeth: netpol.HostIface(p), IfName: "eth0", MTU: 1500,
 		Alias: plugin.VethAlias(plugin.Attachment{Network: "k8s-pod-network", ContainerID: p.Name, IfName: "eth0"}),
 	}
 	w.IPs = []net.IPNet{{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-	err := inNetNS(node, func() error {
+	err := netnstest.Thread(node, func() error {
 		if _, _, err := plugin.SetupPod(podNS, node, w); err != nil {
 			return err
 		}
@@ -857,7 +813,7 @@ var counterLine = regexp.MustCompile(`^\[(\d+):(\d+)\] -A (\S+) `)
 // (TABBY-NP-POD, TABBY-NP-PI-, …) and the jump from FORWARD.
 func chainPackets(netns ns.NetNS, save string) (map[string]uint64, error) {
 	got := map[string]uint64{}
-	err := inNetNS(netns, func() error {
+	err := netnstest.Thread(netns, func() error {
 		out, err := exec.Command(save, "-c", "-t", "filter").Output()
 		if err != nil {
 			return fmt.Errorf("%s -c: %w", save, err)
@@ -927,7 +883,7 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 	b.Cleanup(stopProbe)
 	a := newApplier(b, node, nil)
 	b.Cleanup(func() {
-		_ = inNetNS(node, func() error { _, err := a.Cleanup(context.Background()); return err })
+		_ = netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err })
 	})
 	be := a.Backend()
 	probe := func() error {
@@ -937,7 +893,7 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 	var none, with []float64
 	var retrNone, retrWith int
 	for b.Loop() {
-		if err := inNetNS(node, func() error { _, err := a.Cleanup(context.Background()); return err }); err != nil {
+		if err := netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err }); err != nil {
 			b.Fatal(err)
 		}
 		if err := probe(); err != nil {
