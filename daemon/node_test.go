@@ -2,14 +2,10 @@ package daemon
 
 import (
 	"net"
-	"os/exec"
 	"strings"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
-
-	"github.com/tabbynet/tabby/internal/tier"
+	"github.com/tabbynet/tabby/internal/netnstest"
 )
 
 // TestNodeAddress finds the node's address in a namespace of its own:
@@ -17,32 +13,20 @@ import (
 // default route's interface, else the source address towards the API
 // server.
 func TestNodeAddress(t *testing.T) {
-	tier.Root(t, "a real-kernel test: it creates a network namespace")
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close(); _ = testutils.UnmountNS(n) })
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("nsenter", append([]string{"--net=" + n.Path(), "ip"}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	ip("link", "set", "lo", "up")
+	n := netnstest.New(t, "nodeaddr")
 	// No dummy module in this kernel: veth pairs inside the namespace.
-	ip("link", "add", "eth0", "type", "veth", "peer", "name", "peer0")
-	ip("link", "set", "peer0", "up")
-	ip("addr", "add", "192.168.7.10/24", "dev", "eth0")
-	ip("link", "add", "eth1", "type", "veth", "peer", "name", "peer1")
-	ip("link", "set", "peer1", "up")
-	ip("addr", "add", "172.16.5.9/20", "dev", "eth1")
-	ip("link", "set", "eth0", "up")
-	ip("link", "set", "eth1", "up")
+	n.IP("link add eth0 type veth peer name peer0")
+	n.IP("link set peer0 up")
+	n.IP("addr add 192.168.7.10/24 dev eth0")
+	n.IP("link add eth1 type veth peer name peer1")
+	n.IP("link set peer1 up")
+	n.IP("addr add 172.16.5.9/20 dev eth1")
+	n.IP("link set eth0 up")
+	n.IP("link set eth1 up")
 
 	check := func(configured net.IP, api, want, how string) {
 		t.Helper()
-		err := n.Do(func(ns.NetNS) error {
+		err := n.Run(func() error {
 			p, gotHow, err := nodeAddress(configured, api)
 			if err != nil {
 				return err
@@ -60,9 +44,9 @@ func TestNodeAddress(t *testing.T) {
 	// No default route: the source address towards the API server.
 	check(nil, "https://172.16.1.1:6443", "172.16.5.9/20", "towards the API server")
 	check(nil, "https://192.168.7.1:6443", "192.168.7.10/24", "towards the API server")
-	ip("route", "add", "default", "via", "192.168.7.1")
+	n.IP("route add default via 192.168.7.1")
 	check(nil, "https://172.16.1.1:6443", "192.168.7.10/24", "eth0, which holds the default route")
-	err = n.Do(func(ns.NetNS) error {
+	err := n.Run(func() error {
 		_, _, err := nodeAddress(net.ParseIP("10.9.9.9"), "")
 		if err == nil || !strings.Contains(err.Error(), "no interface of this node holds 10.9.9.9") {
 			t.Errorf("--node-ip of another machine: %v", err)

@@ -9,7 +9,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/coreos/go-iptables/iptables"
 
-	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
@@ -77,11 +77,6 @@ func needBoth(t *testing.T) (legacy, nft Backend) {
 	return legacy, nft
 }
 
-func newNS(t *testing.T) ns.NetNS {
-	t.Helper()
-	return testnet.NewNS(t)
-}
-
 // run runs a command inside n and fails the test on error.
 func run(t *testing.T, n ns.NetNS, argv ...string) string {
 	t.Helper()
@@ -117,13 +112,13 @@ func TestDetectInNamespace(t *testing.T) {
 	legacy, nft := needBoth(t)
 
 	t.Run("empty namespace: nft", func(t *testing.T) {
-		n := newNS(t)
+		n := netnstest.New(t, "iptbackend")
 		if b := detectIn(t, n, Options{}); b.Mode != NFT || b.IPTables != nft.IPTables {
 			t.Errorf("Detect = %v, want nft with %s", b, nft.IPTables)
 		}
 	})
 	t.Run("legacy rules only: legacy", func(t *testing.T) {
-		n := newNS(t)
+		n := netnstest.New(t, "iptbackend")
 		run(t, n, legacy.IPTables, "-A", "FORWARD", "-s", "10.0.0.0/8", "-j", "ACCEPT")
 		run(t, n, legacy.IP6Tables, "-A", "INPUT", "-s", "fd00::/8", "-j", "ACCEPT")
 		b := detectIn(t, n, Options{})
@@ -151,7 +146,7 @@ func TestDetectInNamespace(t *testing.T) {
 		}
 	})
 	t.Run("nft rules only: nft", func(t *testing.T) {
-		n := newNS(t)
+		n := netnstest.New(t, "iptbackend")
 		run(t, n, nft.IPTables, "-A", "FORWARD", "-s", "10.0.0.0/8", "-j", "ACCEPT")
 		b := detectIn(t, n, Options{})
 		if b.Mode != NFT || b.IPTables != nft.IPTables || b.IP6TablesRestore != nft.IP6TablesRestore {
@@ -172,7 +167,7 @@ func TestDetectInNamespace(t *testing.T) {
 		}
 	})
 	t.Run("more legacy rules than nft: legacy", func(t *testing.T) {
-		n := newNS(t)
+		n := netnstest.New(t, "iptbackend")
 		run(t, n, nft.IPTables, "-A", "INPUT", "-j", "ACCEPT")
 		run(t, n, legacy.IPTables, "-A", "INPUT", "-j", "ACCEPT")
 		run(t, n, legacy.IPTables, "-t", "nat", "-A", "POSTROUTING", "-j", "MASQUERADE")
@@ -181,7 +176,7 @@ func TestDetectInNamespace(t *testing.T) {
 		}
 	})
 	t.Run("kubelet's marker in nft wins over more legacy rules", func(t *testing.T) {
-		n := newNS(t)
+		n := netnstest.New(t, "iptbackend")
 		run(t, n, nft.IPTables, "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
 		run(t, n, legacy.IPTables, "-A", "INPUT", "-j", "ACCEPT")
 		if b := detectIn(t, n, Options{}); b.Mode != NFT {
@@ -189,7 +184,7 @@ func TestDetectInNamespace(t *testing.T) {
 		}
 	})
 	t.Run("override", func(t *testing.T) {
-		n := newNS(t)
+		n := netnstest.New(t, "iptbackend")
 		run(t, n, nft.IPTables, "-A", "INPUT", "-j", "ACCEPT")
 		if b := detectIn(t, n, Options{Mode: Legacy}); b.Mode != Legacy || b.IPTables != legacy.IPTables {
 			t.Errorf("Detect with Mode legacy = %v, want legacy", b)

@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
 )
@@ -129,10 +129,7 @@ func BenchmarkApplyFullSync(b *testing.B) {
 			}()
 			for b.Loop() {
 				b.StopTimer()
-				n, err := testutils.NewNS()
-				if err != nil {
-					b.Fatal(err)
-				}
+				n := netnstest.New(b, "apply-bench")
 				a := newBenchApplier(b, n, be)
 				b.StartTimer()
 				st := benchApply(b, n, a, rs)
@@ -144,8 +141,7 @@ func BenchmarkApplyFullSync(b *testing.B) {
 				phases[1] += st.SetsTime
 				phases[2] += st.ChainsTime
 				phases[3] += st.JumpsTime
-				_ = n.Close()
-				_ = testutils.UnmountNS(n)
+				n.Remove()
 				b.StartTimer()
 			}
 		})
@@ -153,7 +149,7 @@ func BenchmarkApplyFullSync(b *testing.B) {
 }
 
 func benchIncremental(b *testing.B, be iptbackend.Backend, rs *policy.Ruleset) {
-	n := newNS(b)
+	n := netnstest.New(b, "apply-bench")
 	a := newBenchApplier(b, n, be)
 	benchApply(b, n, a, rs)
 
@@ -309,7 +305,7 @@ func BenchmarkLocalPodChurn(b *testing.B) {
 		b.Run(string(be.Mode), func(b *testing.B) {
 			for _, c := range []struct{ name, ns, app string }{{"unselected", "ns7", "none"}, {"selected", "ns2", "app2"}} {
 				b.Run(c.name, func(b *testing.B) {
-					n := newNS(b)
+					n := netnstest.New(b, "apply-bench")
 					a := newBenchApplier(b, n, be)
 					base := churnInput(100)
 					with := *base
@@ -385,10 +381,7 @@ func BenchmarkHostilePolicySync(b *testing.B) {
 			members := 0
 			for b.Loop() {
 				b.StopTimer()
-				n, err := testutils.NewNS()
-				if err != nil {
-					b.Fatal(err)
-				}
+				n := netnstest.New(b, "apply-bench")
 				a := newBenchApplier(b, n, be)
 				b.StartTimer()
 				start := time.Now()
@@ -402,8 +395,7 @@ func BenchmarkHostilePolicySync(b *testing.B) {
 				for _, s := range rs.Sets {
 					members += len(s.Members)
 				}
-				_ = n.Close()
-				_ = testutils.UnmountNS(n)
+				n.Remove()
 				b.StartTimer()
 			}
 			b.ReportMetric(float64(members), "members")

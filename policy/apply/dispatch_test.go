@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
 )
@@ -73,7 +74,7 @@ func (n *node) forwarding() {
 func (n *node) addPod(name, veth string, i int) *tpod {
 	t := n.t
 	t.Helper()
-	p := &tpod{name: name, ns: newNS(t), veth: veth,
+	p := &tpod{name: name, ns: netnstest.New(t, name), veth: veth,
 		v4: netip.AddrFrom4([4]byte{10, 77, 0, byte(i)}), v6: netip.MustParseAddr(fmt.Sprintf("fd00:77::%d", i))}
 	ipIn(t, n.ns, "link add %s type veth peer name eth0 netns %s", veth, filepath.Base(p.ns.Path()))
 	ipIn(t, n.ns, "link set %s up", veth)

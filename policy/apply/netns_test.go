@@ -20,7 +20,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
-	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/tier"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
@@ -50,11 +50,6 @@ func backends(t testing.TB) []iptbackend.Backend {
 	return bs
 }
 
-func newNS(t testing.TB) ns.NetNS {
-	t.Helper()
-	return testnet.NewNS(t)
-}
-
 func testLogger(t testing.TB) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -72,7 +67,7 @@ type node struct {
 
 func newNode(t testing.TB, b iptbackend.Backend, opts apply.Options) *node {
 	t.Helper()
-	n := &node{t: t, ns: newNS(t), b: b}
+	n := &node{t: t, ns: netnstest.New(t, "apply-node"), b: b}
 	opts.Backend = &b
 	if opts.Logger == nil {
 		opts.Logger = testLogger(t)
