@@ -42,18 +42,7 @@ func client(t testing.TB) *datastore.Client {
 // not see each other's pools.
 func fresh(t testing.TB, ds *datastore.Client) {
 	t.Helper()
-	wipe := func() {
-		ctx := context.Background()
-		all := metav1.ListOptions{}
-		_ = ds.IPAMHandles.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.IPAMBlocks.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.BlockAffinities.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.IPPools.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.IPAMConfigurations.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.Nodes.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-	}
-	wipe()
-	t.Cleanup(wipe)
+	clustertest.Fresh(t, ds)
 }
 
 func mkPool(t testing.TB, ds *datastore.Client, name, cidr string, blockSize int, mut ...func(*tabbyv1.IPPool)) *tabbyv1.IPPool {

@@ -49,20 +49,7 @@ func client(t testing.TB) *datastore.Client {
 // namespace now and when the test ends.
 func fresh(t testing.TB, ds *datastore.Client) {
 	t.Helper()
-	wipe := func() {
-		ctx := context.Background()
-		all := metav1.ListOptions{}
-		zero := int64(0)
-		_ = ds.Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, all)
-		_ = ds.IPAMHandles.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.IPAMBlocks.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.BlockAffinities.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.IPPools.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.IPAMConfigurations.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-		_ = ds.Nodes.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
-	}
-	wipe()
-	t.Cleanup(wipe)
+	clustertest.Fresh(t, ds, ns)
 }
 
 func testCtx(t testing.TB) context.Context {

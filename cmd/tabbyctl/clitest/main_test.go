@@ -34,12 +34,9 @@ var tabbyctl, kubeconfig, kubectl string
 
 func TestMain(m *testing.M) {
 	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
-		if tabbyctl, err = testnet.Binary(filepath.Join(c.Dir, "bin"), "tabbyctl"); err != nil {
-			return err
-		}
 		kubectl = filepath.Join(c.BinDir, "kubectl")
-		kubeconfig = filepath.Join(c.Dir, "clitest.kubeconfig")
-		return c.WriteKubeconfig(kubeconfig, "")
+		tabbyctl, kubeconfig, err = clustertest.Tabbyctl(c)
+		return err
 	})
 }
 
@@ -112,17 +109,7 @@ func ctl(t *testing.T, args ...string) result {
 func fresh(t *testing.T) (ds *datastore.Client, leak string) {
 	t.Helper()
 	ds = clustertest.Client(t)
-	wipe := func() {
-		c := context.Background()
-		all := metav1.ListOptions{}
-		_ = ds.IPAMHandles.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.IPAMBlocks.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.BlockAffinities.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.IPPools.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.Nodes.DeleteCollection(c, metav1.DeleteOptions{}, all)
-	}
-	wipe()
-	t.Cleanup(wipe)
+	clustertest.Fresh(t, ds)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := ds.IPPools.Create(ctx, &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "cli"},

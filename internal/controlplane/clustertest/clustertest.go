@@ -26,15 +26,18 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
@@ -168,4 +171,39 @@ func Client(tb testing.TB) *datastore.Client {
 		tb.Fatalf("datastore client: %v", err)
 	}
 	return ds
+}
+
+// Tabbyctl is the setup of a package that runs the tabbyctl program
+// against the control plane c: the program ($TABBY_BIN_DIR/tabbyctl, else
+// built into c's folder) and the path of an admin kubeconfig of c.
+func Tabbyctl(c *controlplane.Cluster) (bin, kubeconfig string, err error) {
+	if bin, err = testnet.Binary(filepath.Join(c.Dir, "bin"), "tabbyctl"); err != nil {
+		return "", "", err
+	}
+	kubeconfig = filepath.Join(c.Dir, "tabbyctl.kubeconfig")
+	return bin, kubeconfig, c.WriteKubeconfig(kubeconfig, "")
+}
+
+// Fresh removes tabby's IPAM objects (handles, blocks, affinities, IPAM
+// configurations), every IPPool and Node, and the Pods of namespaces, now
+// and when tb ends, so tests sharing the package's control plane neither
+// see nor leave each other's addresses.
+func Fresh(tb testing.TB, ds *datastore.Client, namespaces ...string) {
+	tb.Helper()
+	wipe := func() {
+		ctx := context.Background()
+		all := metav1.ListOptions{}
+		zero := int64(0)
+		for _, ns := range namespaces {
+			_ = ds.Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, all)
+		}
+		_ = ds.IPAMHandles.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+		_ = ds.IPAMBlocks.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+		_ = ds.BlockAffinities.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+		_ = ds.IPPools.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+		_ = ds.IPAMConfigurations.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+		_ = ds.Nodes.DeleteCollection(ctx, metav1.DeleteOptions{}, all)
+	}
+	wipe()
+	tb.Cleanup(wipe)
 }

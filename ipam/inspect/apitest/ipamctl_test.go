@@ -23,7 +23,6 @@ import (
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
-	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/ipam/inspect"
 )
@@ -35,12 +34,9 @@ var tabbyctl, kubeconfig, kubectlDir string
 
 func TestMain(m *testing.M) {
 	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
-		if tabbyctl, err = testnet.Binary(filepath.Join(c.Dir, "bin"), "tabbyctl"); err != nil {
-			return err
-		}
 		kubectlDir = c.BinDir
-		kubeconfig = filepath.Join(c.Dir, "ipamctl.kubeconfig")
-		return c.WriteKubeconfig(kubeconfig, "")
+		tabbyctl, kubeconfig, err = clustertest.Tabbyctl(c)
+		return err
 	})
 }
 
@@ -57,19 +53,7 @@ func ctx(t *testing.T) context.Context {
 func fresh(t *testing.T) *datastore.Client {
 	t.Helper()
 	ds := clustertest.Client(t)
-	wipe := func() {
-		c := context.Background()
-		all := metav1.ListOptions{}
-		zero := int64(0)
-		_ = ds.Pods(ns).DeleteCollection(c, metav1.DeleteOptions{GracePeriodSeconds: &zero}, all)
-		_ = ds.IPAMHandles.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.IPAMBlocks.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.BlockAffinities.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.IPPools.DeleteCollection(c, metav1.DeleteOptions{}, all)
-		_ = ds.Nodes.DeleteCollection(c, metav1.DeleteOptions{}, all)
-	}
-	wipe()
-	t.Cleanup(wipe)
+	clustertest.Fresh(t, ds, ns)
 	return ds
 }
 
