@@ -14,6 +14,7 @@ import (
 
 	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/tier"
 )
 
 // listed says whether `ip netns` has name (its file under RunDir; `ip
@@ -33,6 +34,7 @@ func listed(t *testing.T, name string) bool {
 // node's links; and every namespace is gone when the test that made it
 // ends, also when it failed.
 func TestNetNodesReachEachOther(t *testing.T) {
+	tier.Root(t, "to create network namespaces")
 	var names []string
 	t.Run("net", func(t *testing.T) {
 		u := netnstest.NewNet(t, "br1", "br2")
@@ -90,7 +92,7 @@ func TestCleanupAfterFailure(t *testing.T) {
 		t.Error("ip accepted a link name over 15 characters")
 		return
 	}
-	netnstest.New(t, "probe") // skips as non-root
+	tier.Root(t, "to create network namespaces")
 	file := t.TempDir() + "/name"
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCleanupAfterFailure$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "NETNSTEST_CHILD="+file)
@@ -130,6 +132,7 @@ func TestPlugSaysWhatIsWrong(t *testing.T) {
 // TestServe: Serve's function runs in the namespace until the test ends
 // and sees its context cancelled then.
 func TestServe(t *testing.T) {
+	tier.Root(t, "to create network namespaces")
 	stopped := make(chan struct{})
 	t.Run("serving", func(t *testing.T) {
 		n := netnstest.New(t, "serve")
