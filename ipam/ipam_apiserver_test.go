@@ -27,16 +27,8 @@ import (
 
 func TestMain(m *testing.M) { clustertest.Main(m, nil) }
 
-func client(t testing.TB) *datastore.Client {
-	t.Helper()
-	cfg := rest.CopyConfig(clustertest.Cluster(t).RESTConfig())
-	cfg.QPS = -1 // many goroutines share this client; each CNI call has its own
-	ds, err := datastore.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ds
-}
+// client is an unthrottled client of the package's control plane.
+func client(t testing.TB) *datastore.Client { return clustertest.UnthrottledClient(t) }
 
 // fresh removes every IPAM object and pool when the test ends, so tests do
 // not see each other's pools.

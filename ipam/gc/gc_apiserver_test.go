@@ -21,7 +21,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
@@ -34,16 +33,8 @@ func TestMain(m *testing.M) { clustertest.Main(m, nil) }
 
 const ns = "default"
 
-func client(t testing.TB) *datastore.Client {
-	t.Helper()
-	cfg := rest.CopyConfig(clustertest.Config(t))
-	cfg.QPS = -1
-	ds, err := datastore.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ds
-}
+// client is an unthrottled client of the package's control plane.
+func client(t testing.TB) *datastore.Client { return clustertest.UnthrottledClient(t) }
 
 // fresh removes every IPAM object, pool, node and pod of the test
 // namespace now and when the test ends.

@@ -60,27 +60,27 @@ func TestExitCodes(t *testing.T) {
 		code int
 		want string // in stdout for 0, stderr otherwise
 	}{
-		{"show", []string{"ipam", "show", "--kubeconfig", kubeconfig}, 0, "10.63.0.0/16"},
+		{"show", []string{"ipam", "show", "--kubeconfig", cli.Kubeconfig}, 0, "10.63.0.0/16"},
 		{"version", []string{"version"}, 0, ""},
 		{"node ready", []string{"node", "status", "--endpoint", ready}, 0, "is running, ready."},
-		{"leak found", []string{"ipam", "check", "--kubeconfig", kubeconfig, "--confirm", "0"}, 1, "tabbyctl: ipam check found 1 problem"},
+		{"leak found", []string{"ipam", "check", "--kubeconfig", cli.Kubeconfig, "--confirm", "0"}, 1, "tabbyctl: ipam check found 1 problem"},
 		{"node not ready", []string{"node", "status", "--endpoint", notReady}, 1, "tabbyctl: tabbyd on node1 is not ready"},
-		{"release refused", []string{"ipam", "release", "--kubeconfig", kubeconfig, "--ip", "192.0.2.1"}, 1, "is in no IPPool"},
-		{"bad -o", []string{"ipam", "show", "--kubeconfig", kubeconfig, "-o", "xml"}, 2, `invalid argument "xml" for "-o, --output" flag: must be one of table, wide, json, yaml`},
+		{"release refused", []string{"ipam", "release", "--kubeconfig", cli.Kubeconfig, "--ip", "192.0.2.1"}, 1, "is in no IPPool"},
+		{"bad -o", []string{"ipam", "show", "--kubeconfig", cli.Kubeconfig, "-o", "xml"}, 2, `invalid argument "xml" for "-o, --output" flag: must be one of table, wide, json, yaml`},
 		{"bad -o node", []string{"node", "status", "--endpoint", ready, "-o", "jsn"}, 2, "must be one of table, wide, json, yaml"},
-		{"unknown flag", []string{"version", "--kubeconfig", kubeconfig}, 2, "unknown flag: --kubeconfig (see tabbyctl version --help)"},
-		{"kubeconfig on lab", []string{"lab", "status", "--kubeconfig", kubeconfig}, 2, "unknown flag: --kubeconfig"},
-		{"bad args", []string{"ipam", "show", "extra", "--kubeconfig", kubeconfig}, 2, `unknown command "extra"`},
+		{"unknown flag", []string{"version", "--kubeconfig", cli.Kubeconfig}, 2, "unknown flag: --kubeconfig (see tabbyctl version --help)"},
+		{"kubeconfig on lab", []string{"lab", "status", "--kubeconfig", cli.Kubeconfig}, 2, "unknown flag: --kubeconfig"},
+		{"bad args", []string{"ipam", "show", "extra", "--kubeconfig", cli.Kubeconfig}, 2, `unknown command "extra"`},
 		{"unknown command", []string{"ipan"}, 2, `unknown command "ipan"`},
-		{"bad address", []string{"ipam", "show", "--kubeconfig", kubeconfig, "--ip", "10.63.0.300"}, 2, "is not an IP address"},
+		{"bad address", []string{"ipam", "show", "--kubeconfig", cli.Kubeconfig, "--ip", "10.63.0.300"}, 2, "is not an IP address"},
 		{"api server down", []string{"ipam", "check", "--kubeconfig", dead, "--timeout", "5s"}, 2, "cannot be reached"},
 		{"no such kubeconfig", []string{"ipam", "show", "--kubeconfig", dead + ".missing"}, 2, "loading kubeconfig"},
-		{"no such context", []string{"ipam", "show", "--kubeconfig", kubeconfig, "--context", "nope"}, 2, `context "nope"`},
+		{"no such context", []string{"ipam", "show", "--kubeconfig", cli.Kubeconfig, "--context", "nope"}, 2, `context "nope"`},
 		{"no kubeconfig", []string{"ipam", "show"}, 2, "no kubeconfig given"},
 		{"tabbyd down", []string{"node", "status", "--endpoint", closedPort(t)}, 2, "asking tabbyd for its status"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := run(t, env(t), tabbyctl, tc.args...)
+			r := run(t, env(t), cli.Tabbyctl, tc.args...)
 			got := r.stderr
 			if tc.code == 0 {
 				got = r.stdout

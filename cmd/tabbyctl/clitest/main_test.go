@@ -22,23 +22,18 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// tabbyctl is the binary under test, kubeconfig an admin kubeconfig of the
-// control plane, kubectl the control plane's real kubectl.
-var tabbyctl, kubeconfig, kubectl string
+// cli is the tabbyctl under test and what it runs against.
+var cli clustertest.CLI
 
-func TestMain(m *testing.M) {
-	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
-		kubectl = filepath.Join(c.BinDir, "kubectl")
-		tabbyctl, kubeconfig, err = clustertest.Tabbyctl(c)
-		return err
-	})
-}
+func TestMain(m *testing.M) { clustertest.Main(m, cli.Setup) }
+
+// kubectl is the control plane's real kubectl.
+func kubectl() string { return filepath.Join(cli.KubectlDir, "kubectl") }
 
 // program is tabbyctl for the tests that need no control plane: from
 // $TABBY_BIN_DIR, or built, without starting one.
@@ -100,7 +95,7 @@ func run(t *testing.T, environ []string, prog string, args ...string) result {
 // (after the command's name: --kubeconfig is not a flag of every command).
 func ctl(t *testing.T, args ...string) result {
 	t.Helper()
-	return run(t, env(t), tabbyctl, append(args, "--kubeconfig", kubeconfig)...)
+	return run(t, env(t), cli.Tabbyctl, append(args, "--kubeconfig", cli.Kubeconfig)...)
 }
 
 // fresh leaves the cluster with one pool (10.63.0.0/16), one node and one

@@ -61,7 +61,7 @@ func TestOutputFormats(t *testing.T) {
 	st := sampleStatus(false)
 	endpoint := tabbydStatus(t, st)
 	labDir := fakeLab(t)
-	kc := []string{"--kubeconfig", kubeconfig}
+	kc := []string{"--kubeconfig", cli.Kubeconfig}
 	for _, tc := range []formatCase{
 		{"ipam show", append([]string{"ipam", "show"}, kc...), 0, decodeAs[inspect.ShowReport], "BLOCK"},
 		{"ipam show --ip", append([]string{"ipam", "show", "--ip", leak, "--grace", "0"}, kc...), 0, decodeAs[inspect.IPReport], "SEVERITY"},
@@ -72,7 +72,7 @@ func TestOutputFormats(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			out := map[string]result{}
 			for _, o := range []string{"table", "wide", "json", "yaml"} {
-				r := run(t, env(t), tabbyctl, append(tc.args, "-o", o)...)
+				r := run(t, env(t), cli.Tabbyctl, append(tc.args, "-o", o)...)
 				if r.code != tc.code {
 					t.Fatalf("-o %s: exit %d, want %d:\n%s", o, r.code, tc.code, r)
 				}
@@ -145,7 +145,7 @@ func fakeLab(t *testing.T) string {
 	dir := t.TempDir()
 	st := map[string]any{
 		"version": 2, "name": "clitest", "dir": dir, "created": time.Now(), "ready": true, "subnets": 1,
-		"kubeconfig": kubeconfig,
+		"kubeconfig": cli.Kubeconfig,
 		"nodes":      []map[string]any{{"name": "node1", "netns": "tabby-clitest-absent-node1", "address": "10.77.0.11", "subnet": 1, "runtime": "containerd"}},
 	}
 	data, err := json.Marshal(st)

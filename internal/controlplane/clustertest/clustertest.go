@@ -166,22 +166,52 @@ func Config(tb testing.TB) *rest.Config {
 // Client is a datastore client for the package's control plane.
 func Client(tb testing.TB) *datastore.Client {
 	tb.Helper()
-	ds, err := datastore.New(Config(tb))
+	return client(tb, Config(tb))
+}
+
+// UnthrottledClient is Client without client-go's rate limit, for tests
+// where many goroutines share the one client (as many CNI calls, each
+// with a client of its own, would not).
+func UnthrottledClient(tb testing.TB) *datastore.Client {
+	tb.Helper()
+	cfg := Config(tb)
+	cfg.QPS = -1
+	return client(tb, cfg)
+}
+
+func client(tb testing.TB, cfg *rest.Config) *datastore.Client {
+	tb.Helper()
+	ds, err := datastore.New(cfg)
 	if err != nil {
 		tb.Fatalf("datastore client: %v", err)
 	}
 	return ds
 }
 
-// Tabbyctl is the setup of a package that runs the tabbyctl program
-// against the control plane c: the program ($TABBY_BIN_DIR/tabbyctl, else
-// built into c's folder) and the path of an admin kubeconfig of c.
-func Tabbyctl(c *controlplane.Cluster) (bin, kubeconfig string, err error) {
-	if bin, err = testnet.Binary(filepath.Join(c.Dir, "bin"), "tabbyctl"); err != nil {
-		return "", "", err
+// CLI is what a package that runs the tabbyctl program against its
+// control plane needs. Pass its Setup to Main:
+//
+//	var cli clustertest.CLI
+//
+//	func TestMain(m *testing.M) { clustertest.Main(m, cli.Setup) }
+type CLI struct {
+	// Tabbyctl is the program under test: $TABBY_BIN_DIR/tabbyctl, else
+	// built into the control plane's folder.
+	Tabbyctl string
+	// Kubeconfig is an admin kubeconfig of the control plane.
+	Kubeconfig string
+	// KubectlDir is the folder of the control plane's kubectl.
+	KubectlDir string
+}
+
+// Setup fills cli in for the control plane c.
+func (cli *CLI) Setup(c *controlplane.Cluster) (err error) {
+	if cli.Tabbyctl, err = testnet.Binary(filepath.Join(c.Dir, "bin"), "tabbyctl"); err != nil {
+		return err
 	}
-	kubeconfig = filepath.Join(c.Dir, "tabbyctl.kubeconfig")
-	return bin, kubeconfig, c.WriteKubeconfig(kubeconfig, "")
+	cli.KubectlDir = c.BinDir
+	cli.Kubeconfig = filepath.Join(c.Dir, "tabbyctl.kubeconfig")
+	return c.WriteKubeconfig(cli.Kubeconfig, "")
 }
 
 // Fresh removes tabby's IPAM objects (handles, blocks, affinities, IPAM

@@ -21,24 +21,16 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/ipam/inspect"
 )
 
-// tabbyctl is the binary under test ($TABBY_BIN_DIR/tabbyctl, else built),
-// kubeconfig an admin kubeconfig of the control plane, kubectlDir the
-// folder of the control plane's kubectl (to run the fixes check suggests).
-var tabbyctl, kubeconfig, kubectlDir string
+// cli is the tabbyctl under test and what it runs against (its
+// KubectlDir to run the fixes check suggests).
+var cli clustertest.CLI
 
-func TestMain(m *testing.M) {
-	clustertest.Main(m, func(c *controlplane.Cluster) (err error) {
-		kubectlDir = c.BinDir
-		tabbyctl, kubeconfig, err = clustertest.Tabbyctl(c)
-		return err
-	})
-}
+func TestMain(m *testing.M) { clustertest.Main(m, cli.Setup) }
 
 const ns = "default"
 
@@ -150,7 +142,7 @@ func env(extra ...string) []string {
 
 func runWith(t *testing.T, environ []string, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(tabbyctl, args...)
+	cmd := exec.Command(cli.Tabbyctl, args...)
 	cmd.Env = environ
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -170,7 +162,7 @@ func runWith(t *testing.T, environ []string, args ...string) result {
 // ctl runs tabbyctl --kubeconfig KUBECONFIG ARGS.
 func ctl(t *testing.T, args ...string) result {
 	t.Helper()
-	return runWith(t, env(), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	return runWith(t, env(), append([]string{"--kubeconfig", cli.Kubeconfig}, args...)...)
 }
 
 func ctlJSON[T any](t *testing.T, wantCode int, args ...string) T {
@@ -404,7 +396,7 @@ func TestBadInput(t *testing.T) {
 		}
 	}
 	// The API server comes from $KUBECONFIG when --kubeconfig is not given.
-	if r := runWith(t, env("KUBECONFIG="+kubeconfig), "ipam", "show"); r.code != 0 || !strings.Contains(r.stdout, "10.62.0.0/16") {
+	if r := runWith(t, env("KUBECONFIG="+cli.Kubeconfig), "ipam", "show"); r.code != 0 || !strings.Contains(r.stdout, "10.62.0.0/16") {
 		t.Errorf("with $KUBECONFIG:\n%s", r)
 	}
 	if r := runWith(t, env("HOME="+t.TempDir()), "ipam", "check"); r.code != 2 || !strings.Contains(r.stderr, "no kubeconfig given: pass --kubeconfig") {
@@ -494,7 +486,7 @@ func TestFollowTheFixes(t *testing.T) {
 	}
 
 	// Follow the advice as a user would, with tabbyctl and kubectl on PATH.
-	shellEnv := env("KUBECONFIG="+kubeconfig, "PATH="+filepath.Dir(tabbyctl)+":"+kubectlDir+":"+os.Getenv("PATH"))
+	shellEnv := env("KUBECONFIG="+cli.Kubeconfig, "PATH="+filepath.Dir(cli.Tabbyctl)+":"+cli.KubectlDir+":"+os.Getenv("PATH"))
 	for round := 1; ; round++ {
 		r := ctl(t, "ipam", "check", "-o", "json")
 		rep = inspect.CheckReport{}
