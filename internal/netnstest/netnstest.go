@@ -255,12 +255,13 @@ func (u *Net) Plug(n ns.NetNS, dev, port, bridge string, addrs ...string) error 
 		if err != nil {
 			return fmt.Errorf("bridge %s of the underlay: %w", bridge, err)
 		}
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port, MasterIndex: br.Attrs().Index}, PeerName: dev,
-			PeerNamespace: netlink.NsFd(int(n.Fd()))}
+		// The port comes up as it is made; dev once it has its addresses.
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port, MasterIndex: br.Attrs().Index, Flags: net.FlagUp},
+			PeerName: dev, PeerNamespace: netlink.NsFd(int(n.Fd()))}
 		if err := h.LinkAdd(veth); err != nil {
 			return fmt.Errorf("adding the veth %s (port %s of %s): %w", dev, port, bridge, err)
 		}
-		return setUp(h, port)
+		return nil
 	})
 	if err != nil {
 		return err
@@ -292,17 +293,6 @@ func withHandle(n ns.NetNS, f func(*netlink.Handle) error) error {
 	}
 	defer h.Close()
 	return f(h)
-}
-
-func setUp(h *netlink.Handle, name string) error {
-	l, err := h.LinkByName(name)
-	if err == nil {
-		err = h.LinkSetUp(l)
-	}
-	if err != nil {
-		return fmt.Errorf("bringing %s up: %w", name, err)
-	}
-	return nil
 }
 
 func netlinkPrefix(p netip.Prefix) *net.IPNet {
