@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -41,6 +42,8 @@ const maxIfName = 15
 
 var seq atomic.Int32
 
+var validLabel = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
+
 // NS is a named network namespace a test made (`ip netns` lists it as
 // Name). It is an ns.NetNS, so it goes wherever one does.
 type NS struct {
@@ -59,7 +62,10 @@ type NS struct {
 // it was. As non-root New skips tb (tier.Root).
 func New(tb testing.TB, label string) *NS {
 	tb.Helper()
-	tier.Root(tb, "to create network namespaces", "ip")
+	tier.Root(tb, "to create network namespaces", "ip", "nsenter")
+	if !validLabel.MatchString(label) {
+		tb.Fatalf("namespace label %q: use letters, digits, dots, dashes and underscores only", label)
+	}
 	name := fmt.Sprintf("tt%d-%d-%s", os.Getpid(), seq.Add(1), label)
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		tb.Fatalf("ip netns add %s: %v: %s", name, err, out)

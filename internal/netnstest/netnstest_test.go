@@ -166,3 +166,19 @@ func TestRemove(t *testing.T) {
 		t.Errorf("%s is still there after Remove", n.Name)
 	}
 }
+
+// TestBadLabelSaysWhatToUse: a label ip netns cannot take fails the test
+// (in a child process) saying which characters to use.
+func TestBadLabelSaysWhatToUse(t *testing.T) {
+	if label := os.Getenv("NETNSTEST_LABEL"); label != "" {
+		netnstest.New(t, label)
+		return
+	}
+	tier.Root(t, "to create network namespaces")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBadLabelSaysWhatToUse$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "NETNSTEST_LABEL=pod a/b")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `namespace label "pod a/b": use letters, digits`) {
+		t.Fatalf("want the child to fail naming the label and what to use: %v\n%s", err, out)
+	}
+}
