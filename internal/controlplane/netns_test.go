@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/netnstest"
 )
 
 // netnsWithAddress makes a named namespace whose only way anywhere is a
@@ -30,33 +29,12 @@ import (
 // only the namespace reaches).
 func netnsWithAddress(t *testing.T, addr string) string {
 	t.Helper()
-	name := "tabby-cpns-" + randHex(4)
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	path := "/var/run/netns/" + name
-	err := controlplane.InNetNS(path, func() error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: "up0-peer"}); err != nil {
-			return err
-		}
-		for _, n := range []string{"lo", "up0", "up0-peer"} {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		l, _ := netlink.LinkByName("up0")
-		a, _ := netlink.ParseAddr(addr)
-		return netlink.AddrAdd(l, a)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return path
+	n := netnstest.New(t, "cpns")
+	n.IP("link add up0 type veth peer name up0-peer")
+	n.IP("link set up0 up")
+	n.IP("link set up0-peer up")
+	n.IP("addr add %s dev up0", addr)
+	return n.Path()
 }
 
 func netnsIno(t *testing.T, path string) uint64 {
