@@ -237,7 +237,7 @@ func TestApplyNATOnLegacyHost(t *testing.T) {
 func TestApplyNATAdoptsOlderTabbyd(t *testing.T) {
 	l := newLab(t, 1)
 	n1 := l.addNode(1, 1)
-	in(t, n1.ns, func() error {
+	n1.ns.Must(func() error {
 		for _, s := range []struct {
 			name   string
 			family uint8
@@ -260,16 +260,16 @@ func TestApplyNATAdoptsOlderTabbyd(t *testing.T) {
 		restore := exec.Command(c.cmd+"-restore", "--noflush")
 		restore.Stdin = strings.NewReader("*nat\n:" + NATChain + " - [0:0]\n-F " + NATChain + "\n-A " + NATChain +
 			" -m set --match-set " + SetNATPools + c.v6 + " src -m set ! --match-set " + SetAllPools + c.v6 + " dst -j MASQUERADE\nCOMMIT\n")
-		in(t, n1.ns, func() error {
+		n1.ns.Must(func() error {
 			if out, err := restore.CombinedOutput(); err != nil {
 				return fmt.Errorf("%s-restore: %v: %s", c.cmd, err, out)
 			}
 			return nil
 		})
-		sh(t, n1.ns, c.cmd, "-t", "nat", "-I", "POSTROUTING", "1", "-m", "comment", "--comment", "tabby:nat-outgoing", "-j", NATChain)
+		n1.ns.Exec(c.cmd, "-t", "nat", "-I", "POSTROUTING", "1", "-m", "comment", "--comment", "tabby:nat-outgoing", "-j", NATChain)
 	}
 	kernel := func() string {
-		return sh(t, n1.ns, "iptables", "-t", "nat", "-S") + sh(t, n1.ns, "ip6tables", "-t", "nat", "-S") + sh(t, n1.ns, "ipset", "list")
+		return n1.ns.Exec("iptables", "-t", "nat", "-S") + n1.ns.Exec("ip6tables", "-t", "nat", "-S") + n1.ns.Exec("ipset", "list")
 	}
 	before := kernel()
 	mustContain(t, "the sets an older tabbyd made", before, "Revision: 0")

@@ -18,14 +18,14 @@ import (
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/internal/netfilter"
-	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
 func newNS(t *testing.T) ns.NetNS {
 	t.Helper()
 	tier.Root(t, "a real-kernel test: it creates network namespaces", "ipset")
-	return testnet.NewNS(t)
+	return netnstest.New(t, "netfilter")
 }
 
 // in runs f in n, failing the test on error.
