@@ -572,6 +572,24 @@ func (c *Cluster) createDefaultServiceAccount(ctx context.Context) error {
 	}
 }
 
+// Connect is a Cluster started elsewhere and reached at server (an https
+// URL), trusting caPEM (its apiserver.crt) and acting with the admin's
+// token: a qemu guest uses the host's control plane so. RESTConfig and
+// WriteKubeconfig work on it; Stop stops nothing.
+func Connect(server string, caPEM []byte, token string) (*Cluster, error) {
+	u, err := url.Parse(server)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
+		return nil, fmt.Errorf("server %q is not an https URL such as https://10.0.2.2:6443", server)
+	}
+	if _, err := tlsServerName(caPEM, u.Hostname()); err != nil {
+		return nil, err
+	}
+	if token == "" {
+		return nil, errors.New("connecting to the API server needs the admin's token")
+	}
+	return &Cluster{Server: server, Token: token, caData: caPEM, opts: Options{Address: u.Hostname()}}, nil
+}
+
 // CAData is the PEM the API server's clients trust (apiserver.crt).
 func (c *Cluster) CAData() []byte {
 	c.mu.Lock()
@@ -580,14 +598,21 @@ func (c *Cluster) CAData() []byte {
 }
 
 // RESTConfig is an admin client configuration (bearer token, verifying the
-// serving certificate against apiserver.crt). With Options.NetNS it dials
+// serving certificate against apiserver.crt, under ServerName when the
+// certificate does not name Server's host). With Options.NetNS it dials
 // from inside that namespace.
 func (c *Cluster) RESTConfig() *rest.Config {
+	ca := c.CAData()
+	var serverName string
+	if u, err := url.Parse(c.Server); err == nil {
+		serverName, _ = tlsServerName(ca, u.Hostname())
+	}
 	cfg := &rest.Config{
 		Host:        c.Server,
 		BearerToken: c.Token,
 		TLSClientConfig: rest.TLSClientConfig{
-			CAData: c.CAData(),
+			CAData:     ca,
+			ServerName: serverName,
 		},
 		QPS:   100,
 		Burst: 200,

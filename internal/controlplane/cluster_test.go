@@ -278,6 +278,44 @@ func TestWriteKubeconfig(t *testing.T) {
 	}
 }
 
+// TestConnect reaches a running control plane as a qemu guest does: under
+// an address its certificate does not name, with its CA and token only.
+func TestConnect(t *testing.T) {
+	c := clustertest.Cluster(t)
+	addr, stop := hostForwarder(t, "127.0.0.2:0", strings.TrimPrefix(c.Server, "https://"))
+	defer stop()
+	remote, err := controlplane.Connect("https://"+addr, c.CAData(), c.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := remote.RESTConfig()
+	if cfg.ServerName != controlplane.ServerName || cfg.Host != "https://"+addr {
+		t.Errorf("RESTConfig through %s: host %q, server name %q, want %q", addr, cfg.Host, cfg.ServerName, controlplane.ServerName)
+	}
+	if _, err := clientset(t, cfg).CoreV1().Namespaces().Get(ctxT(t, 10*time.Second), "default", metav1.GetOptions{}); err != nil {
+		t.Errorf("client of the connected cluster: %v", err)
+	}
+	if direct := c.RESTConfig(); direct.ServerName != "" {
+		t.Errorf("RESTConfig at the certificate's own address sets server name %q", direct.ServerName)
+	}
+	remote.Stop() // stops nothing: the cluster still answers
+	if _, err := clientset(t, c.RESTConfig()).Discovery().ServerVersion(); err != nil {
+		t.Errorf("after Stop of the connected cluster: %v", err)
+	}
+
+	for _, bad := range []struct{ server, token, want string }{
+		{"http://" + addr, c.Token, "not an https URL"},
+		{"https://" + addr, "", "token"},
+	} {
+		if _, err := controlplane.Connect(bad.server, c.CAData(), bad.token); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Connect(%q, token %q): %v, want an error saying %q", bad.server, bad.token, err, bad.want)
+		}
+	}
+	if _, err := controlplane.Connect("https://"+addr, []byte("not PEM"), c.Token); err == nil {
+		t.Error("Connect accepted a CA that is not PEM")
+	}
+}
+
 // hostForwarder relays connections from listen to target in the host
 // namespace (a stand-in for any other route to the API server).
 func hostForwarder(t *testing.T, listen, target string) (string, func()) {
