@@ -1,0 +1,425 @@
+package qemutest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/daemon/routing"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/testnet"
+)
+
+// The guest's part: runs as the VM's only program, prints to the serial
+// console and returns the exit status /init reports.
+
+// guestMain runs the scenario from the configuration at path and prints a
+// CHECK line for each check; any failure makes the status 1.
+func guestMain(path string) int {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	failed, err := runGuest(ctx, path)
+	if err != nil {
+		fmt.Printf("GUEST ERROR: %v\n", err)
+		return 1
+	}
+	fmt.Printf("GUEST done in %s, %d of %d checks failed\n", time.Since(start).Round(time.Second), failed, len(checks))
+	if failed > 0 {
+		return 1
+	}
+	return 0
+}
+
+// guestNode is a node of the VM: its namespace, address and tabbyd.
+type guestNode struct {
+	*testnet.Node
+	ip     netip.Addr
+	tabbyd *testnet.Tabbyd
+}
+
+func runGuest(ctx context.Context, path string) (failed int, err error) {
+	cfg, err := readGuestConfig(path)
+	if err != nil {
+		return 0, err
+	}
+	c, err := controlplane.Connect(cfg.Server, []byte(cfg.CA), cfg.Token)
+	if err != nil {
+		return 0, err
+	}
+	var undo []func() error
+	defer func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			if e := undo[i](); e != nil {
+				fmt.Printf("GUEST cleanup: %v\n", e)
+			}
+		}
+	}()
+	router, err := newRouter()
+	if err != nil {
+		return 0, err
+	}
+	undo = append(undo, router.close)
+	var vms []*guestNode
+	for _, spec := range nodes {
+		n, err := startNode(ctx, c, cfg, router, spec, &undo)
+		if err != nil {
+			return 0, err
+		}
+		vms = append(vms, n)
+	}
+	stamp("nodes and their tabbyds are up")
+	pods, err := addPods(ctx, vms, &undo)
+	if err != nil {
+		return 0, err
+	}
+	stamp("pods wired")
+	for _, ch := range checks {
+		if err := waitReachable(ctx, pods[ch.pool][ch.from], pods[ch.pool][ch.to]); err != nil {
+			return 0, fmt.Errorf("%s: %w\n%s", ch.name(), err, vms[ch.from].tabbyd.LogTail(20))
+		}
+	}
+	stamp("every pair answers")
+	for _, ch := range checks {
+		if err := runCheck(vms, pods, ch); err != nil {
+			fmt.Printf("CHECK %s: FAIL: %v\n", ch.name(), err)
+			failed++
+		}
+	}
+	return failed, nil
+}
+
+var guestStart = time.Now()
+
+func stamp(what string) {
+	fmt.Printf("GUEST [%5.1fs] %s\n", time.Since(guestStart).Seconds(), what)
+}
+
+func readGuestConfig(path string) (*guestConfig, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var cfg guestConfig
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &cfg, nil
+}
+
+// router is a namespace holding one bridge per subnet, with the gateway's
+// address on each and forwarding on: the underlay between the nodes.
+type router struct {
+	ns      ns.NetNS
+	bridges []int // link index of each subnet's bridge
+}
+
+func newRouter() (*router, error) {
+	n, err := testutils.NewNS()
+	if err != nil {
+		return nil, err
+	}
+	r := &router{ns: n}
+	err = withHandle(n, func(h *netlink.Handle) error {
+		if err := setUp(h, "lo"); err != nil {
+			return err
+		}
+		for i, gw := range subnets {
+			name := fmt.Sprintf("br%d", i)
+			if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
+				return fmt.Errorf("adding the underlay bridge %s: %w", name, err)
+			}
+			l, err := h.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			r.bridges = append(r.bridges, l.Attrs().Index)
+			if err := addAddr(h, name, gw); err != nil {
+				return err
+			}
+			if err := setUp(h, name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		err = n.Do(func(ns.NetNS) error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) })
+	}
+	if err != nil {
+		_ = r.close()
+		return nil, fmt.Errorf("making the underlay router: %w", err)
+	}
+	return r, nil
+}
+
+func (r *router) close() error { return errors.Join(r.ns.Close(), testutils.UnmountNS(r.ns)) }
+
+// plug gives node n an eth0 on the bridge of subnet i with address addr
+// and a route to the whole underlay via the subnet's gateway.
+func (r *router) plug(n *testnet.Node, i int, addr string) error {
+	port := "to-" + n.Name
+	err := withHandle(r.ns, func(h *netlink.Handle) error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port, MasterIndex: r.bridges[i]}, PeerName: "eth0",
+			PeerNamespace: netlink.NsFd(int(n.NS.Fd()))}
+		if err := h.LinkAdd(veth); err != nil {
+			return fmt.Errorf("adding %s's eth0: %w", n.Name, err)
+		}
+		return setUp(h, port)
+	})
+	if err != nil {
+		return err
+	}
+	gw := netip.MustParsePrefix(subnets[i]).Addr()
+	return withHandle(n.NS, func(h *netlink.Handle) error {
+		if err := addAddr(h, "eth0", addr); err != nil {
+			return err
+		}
+		if err := setUp(h, "eth0"); err != nil {
+			return err
+		}
+		_, dst, _ := net.ParseCIDR(underlayRoute)
+		l, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: gw.AsSlice()})
+	})
+}
+
+func withHandle(n ns.NetNS, f func(*netlink.Handle) error) error {
+	h, err := netlink.NewHandleAt(netns.NsHandle(int(n.Fd())))
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return f(h)
+}
+
+func setUp(h *netlink.Handle, name string) error {
+	l, err := h.LinkByName(name)
+	if err == nil {
+		err = h.LinkSetUp(l)
+	}
+	if err != nil {
+		return fmt.Errorf("bringing %s up: %w", name, err)
+	}
+	return nil
+}
+
+func addAddr(h *netlink.Handle, name, cidr string) error {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		return err
+	}
+	if err := h.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("adding %s to %s: %w", cidr, name, err)
+	}
+	return nil
+}
+
+// startNode makes the node of spec on the router, registers its Node as a
+// kubelet would and starts its tabbyd; undo gets what undoes each.
+func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r *router, spec nodeSpec, undo *[]func() error) (*guestNode, error) {
+	n, err := testnet.NewNode(ctx, testnet.NodeOptions{
+		Name: spec.name,
+		// One family: the uplink that leads nowhere holds the default
+		// route; eth0 on the underlay is the node's address.
+		UplinkAddrs: []string{"10.254.0.1/24"},
+		Sysctls:     map[string]string{"net/ipv4/ip_forward": "1"},
+		PluginDirs:  []string{cfg.BinDir},
+		Cluster:     c,
+	})
+	if err != nil {
+		return nil, err
+	}
+	*undo = append(*undo, n.Close)
+	if err := r.plug(n, spec.subnet, spec.addr); err != nil {
+		return nil, err
+	}
+	ip := netip.MustParsePrefix(spec.addr).Addr()
+	if err := register(ctx, n, ip); err != nil {
+		return nil, fmt.Errorf("registering Node %s: %w", n.Name, err)
+	}
+	d, err := n.StartTabbyd(ctx, filepath.Join(cfg.BinDir, "tabbyd"), "--node-ip", ip.String(), "--log-level", "info")
+	if err != nil {
+		return nil, err
+	}
+	*undo = append(*undo, d.Stop)
+	return &guestNode{Node: n, ip: ip, tabbyd: d}, nil
+}
+
+// register makes the Node object what a kubelet makes it: Ready, with its
+// InternalIP and Hostname.
+func register(ctx context.Context, n *testnet.Node, ip netip.Addr) error {
+	node, err := n.DS.Nodes.Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	now := metav1.Now()
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}, {Type: corev1.NodeHostName, Address: n.Name}}
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		Message: "tabbyd alone (IPIP under qemu)", LastHeartbeatTime: now, LastTransitionTime: now}}
+	_, err = n.DS.Nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	return err
+}
+
+// guestPod is a pod and the address the plugin gave it.
+type guestPod struct {
+	*testnet.Pod
+	node *guestNode
+	ip   net.IP
+}
+
+// addPods wires one pod of each pool on each node, as a runtime would: its
+// Pod object (naming the pool) first, then CNI ADD.
+func addPods(ctx context.Context, vms []*guestNode, undo *[]func() error) (map[string][]*guestPod, error) {
+	out := map[string][]*guestPod{}
+	for _, pl := range pools {
+		for _, n := range vms {
+			p, err := addPod(ctx, n, pl.name, undo)
+			if err != nil {
+				return nil, err
+			}
+			fmt.Printf("GUEST pod %s/%s on %s: %s\n", p.Namespace, p.Name, n.Name, p.ip)
+			out[pl.name] = append(out[pl.name], p)
+		}
+	}
+	return out, nil
+}
+
+func addPod(ctx context.Context, n *guestNode, pool string, undo *[]func() error) (*guestPod, error) {
+	conf := n.TabbyConf(nil)
+	// Under TCG tabbyd takes seconds to see the pod's allocation: give it
+	// longer than the default 10s before the plugin gives up on its policy.
+	conf["policyWaitTimeout"] = "90s"
+	list, err := testnet.ConfList("1.1.0", conf)
+	if err != nil {
+		return nil, err
+	}
+	p, err := testnet.NewPod("default", pool+"-"+n.Name)
+	if err != nil {
+		return nil, err
+	}
+	*undo = append(*undo, p.Close)
+	ann, _ := json.Marshal([]string{pool})
+	if err := n.CreatePodObject(ctx, p, map[string]string{tabbyv1.AnnotationIPv4Pools: string(ann)}); err != nil {
+		return nil, err
+	}
+	*undo = append(*undo, func() error { return n.DeletePodObject(context.Background(), p) })
+	res, err := n.Add(ctx, list, p, nil)
+	if err != nil {
+		return nil, fmt.Errorf("CNI ADD of %s on %s: %w\ntabbyd's log:\n%s", p.Name, n.Name, err, n.tabbyd.LogTail(30))
+	}
+	*undo = append(*undo, func() error { return n.Del(context.Background(), list, p, nil) })
+	ips := testnet.ResultIPs(res, false)
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("CNI ADD of %s on %s gave no IPv4 address: %v", p.Name, n.Name, res)
+	}
+	return &guestPod{Pod: p, node: n, ip: ips[0]}, nil
+}
+
+// waitReachable pings to from from until an echo is answered: the nodes'
+// routes come from BGP and the IPAM blocks, a few seconds after the pods.
+func waitReachable(ctx context.Context, from, to *guestPod) error {
+	for {
+		err := testnet.Ping(from.NS, to.ip)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s on %s never answered %s on %s: %v", to.ip, to.node.Name, from.ip, from.node.Name, err)
+		default:
+		}
+	}
+}
+
+// counters are a node's tunl0 packet counters.
+type counters struct{ tx, rx uint64 }
+
+func tunl0(n *guestNode) (counters, error) {
+	var c counters
+	err := n.Do(func() error {
+		l, err := netlink.LinkByName(routing.IPIPDevice)
+		if err != nil {
+			return err
+		}
+		s := l.Attrs().Statistics
+		c = counters{tx: s.TxPackets, rx: s.RxPackets}
+		return nil
+	})
+	return c, err
+}
+
+// routeDevice is the device the node routes dst through.
+func routeDevice(n *guestNode, dst net.IP) (string, error) {
+	var dev string
+	err := n.Do(func() error {
+		rs, err := netlink.RouteGet(dst)
+		if err != nil || len(rs) == 0 {
+			return fmt.Errorf("no route to %s: %v", dst, err)
+		}
+		l, err := netlink.LinkByIndex(rs[0].LinkIndex)
+		if err != nil {
+			return err
+		}
+		dev = l.Attrs().Name
+		return nil
+	})
+	return dev, err
+}
+
+// runCheck pings once more and judges the route and the tunl0 counters of
+// both nodes, printing the CHECK line of a pass.
+func runCheck(vms []*guestNode, pods map[string][]*guestPod, ch check) error {
+	from, to := pods[ch.pool][ch.from], pods[ch.pool][ch.to]
+	src, dst := vms[ch.from], vms[ch.to]
+	dev, err := routeDevice(src, to.ip)
+	if err != nil {
+		return err
+	}
+	s0, err := tunl0(src)
+	if err != nil {
+		return err
+	}
+	d0, err := tunl0(dst)
+	if err != nil {
+		return err
+	}
+	if err := testnet.Ping(from.NS, to.ip); err != nil {
+		return err
+	}
+	s1, _ := tunl0(src)
+	d1, _ := tunl0(dst)
+	got := fmt.Sprintf("route to %s via %s; tunl0 on %s tx +%d rx +%d, on %s rx +%d tx +%d (totals %d/%d, %d/%d)",
+		to.ip, dev, src.Name, s1.tx-s0.tx, s1.rx-s0.rx, dst.Name, d1.rx-d0.rx, d1.tx-d0.tx, s1.tx, s1.rx, d1.rx, d1.tx)
+	moved := s1.tx > s0.tx && s1.rx > s0.rx && d1.rx > d0.rx && d1.tx > d0.tx
+	still := s1 == s0 && d1 == d0
+	switch {
+	case ch.tunnel && (dev != routing.IPIPDevice || !moved):
+		return fmt.Errorf("want the echo and its reply through tunl0 both ways: %s", got)
+	case !ch.tunnel && (dev == routing.IPIPDevice || !still):
+		return fmt.Errorf("want no tunl0 traffic in the same subnet: %s", got)
+	}
+	fmt.Printf("CHECK %s: ok: %s\n", ch.name(), got)
+	return nil
+}

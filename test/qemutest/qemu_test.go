@@ -1,0 +1,245 @@
+package qemutest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/internal/controlplane"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/internal/tier"
+)
+
+// hostLoopback is the host's loopback as qemu's user network shows it to
+// the guest.
+const hostLoopback = "10.0.2.2"
+
+// qemuPackage is the Debian package of qemu-system-x86_64.
+const qemuPackage = "qemu-system-x86"
+
+// TestIPIPInQEMU boots Debian's kernel under qemu (TCG) with three nodes
+// running the real tabbyd and pods wired by the real plugin, against this
+// package's control plane on the host: pods of an IPIP Always pool reach
+// each other over tunl0 in the same subnet and across subnets; pods of an
+// IPIP CrossSubnet pool only across subnets (tunl0's counters stay put in
+// the same subnet).
+func TestIPIPInQEMU(t *testing.T) {
+	tier.Root(t, "to boot a VM whose nodes are network namespaces", "cpio")
+	qemu := requireQEMU(t)
+	start := time.Now()
+	vm := vmImage(t)
+	c := clustertest.Cluster(t)
+	createPools(t)
+	initrd := runArchive(t, c, vm)
+	t.Logf("kernel, initramfs and binaries ready after %s", time.Since(start).Round(100*time.Millisecond))
+	console := boot(t, qemu, vm, initrd)
+	t.Logf("the VM ran %s after the start", time.Since(start).Round(100*time.Millisecond))
+	judge(t, console)
+}
+
+// requireQEMU returns qemu-system-x86_64's path. Where it is missing and
+// apt cannot install it the test skips, loudly; where apt could, the
+// machine was not set up (make deps) and the test fails.
+func requireQEMU(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("qemu-system-x86_64"); err == nil {
+		return p
+	}
+	out, err := exec.Command("apt-cache", "policy", qemuPackage).Output()
+	if err != nil || !strings.Contains(string(out), "Candidate:") || strings.Contains(string(out), "Candidate: (none)") {
+		t.Skipf("SKIPPING: qemu-system-x86_64 is not installed and apt cannot install %s here (%v): the IPIP test needs a kernel with ipip, which it boots under qemu", qemuPackage, err)
+	}
+	t.Fatalf("qemu-system-x86_64 is not installed: run make deps (or apt-get install %s busybox-static cpio)", qemuPackage)
+	return ""
+}
+
+// vmImage runs build.sh (cached by content) and returns its folder.
+func vmImage(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command("bash", "build.sh")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("test/qemutest/build.sh: %v (run it by hand to see why)", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return lines[len(lines)-1]
+}
+
+func createPools(t *testing.T) {
+	t.Helper()
+	ds := clustertest.Client(t)
+	ctx := context.Background()
+	for _, p := range pools {
+		pool := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: p.name},
+			Spec: tabbyv1.IPPoolSpec{CIDR: p.cidr, IPIPMode: p.ipip, VXLANMode: tabbyv1.EncapNever}}
+		if _, err := ds.IPPools.Create(ctx, pool, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("creating IPPool %s: %v", p.name, err)
+		}
+		t.Cleanup(func() { _ = ds.IPPools.Delete(context.Background(), p.name, metav1.DeleteOptions{}) })
+	}
+}
+
+// runArchive writes the initramfs of this run: build.sh's base archive,
+// then one holding tabby's programs, this package's test binary as
+// /guest.test and /guest.json.
+func runArchive(t *testing.T, c *controlplane.Cluster, vm string) string {
+	t.Helper()
+	tmp := t.TempDir()
+	root := filepath.Join(tmp, "root")
+	binDir := "/tabby/bin"
+	if err := os.MkdirAll(root+binDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tabbyd, err := testnet.Binary(tmp, "tabbyd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugins, err := testnet.PluginDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{tabbyd, filepath.Join(plugins, "tabby"), filepath.Join(plugins, "tabby-ipam")} {
+		if err := os.Link(f, filepath.Join(root, binDir, filepath.Base(f))); err != nil {
+			copyFile(t, f, filepath.Join(root, binDir, filepath.Base(f)))
+		}
+	}
+	build := exec.Command("go", "test", "-c", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(root, "guest.test"), ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the guest's test binary: %v\n%s", err, out)
+	}
+	u, err := url.Parse(c.Server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(guestConfig{Server: "https://" + hostLoopback + ":" + u.Port(), CA: string(c.CAData()), Token: c.Token, BinDir: binDir})
+	if err := os.WriteFile(filepath.Join(root, "guest.json"), cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	initrd := filepath.Join(tmp, "initrd")
+	copyFile(t, filepath.Join(vm, "base.cpio"), initrd)
+	f, err := os.OpenFile(initrd, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// The kernel unpacks concatenated archives; uncompressed, this one is
+	// copied, not inflated, under TCG.
+	cpio := exec.Command("sh", "-c", "find . | cpio -o -H newc --quiet")
+	var stderr strings.Builder
+	cpio.Dir, cpio.Stdout, cpio.Stderr = root, f, &stderr
+	if err := cpio.Run(); err != nil {
+		t.Fatalf("cpio: %v\n%s", err, stderr.String())
+	}
+	return initrd
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	in, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	st, _ := in.Stat()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, st.Mode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// bootTimeout bounds the whole VM: boot, the guest's nodes, pods and pings.
+const bootTimeout = 10 * time.Minute
+
+// boot runs the VM to its end and returns the console's lines. qemu is
+// killed when the test ends, however it ends, and when this process dies.
+func boot(t *testing.T, qemu, vm, initrd string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu,
+		"-accel", "tcg", "-m", "2048", "-smp", "2",
+		"-nodefaults", "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
+		"-kernel", filepath.Join(vm, "vmlinux"), "-initrd", initrd,
+		"-append", "console=ttyS0 quiet panic=-1 rdinit=/init",
+		// The guest's one NIC: qemu's user network, on which it reaches
+		// the host's loopback at 10.0.2.2 and has no default route.
+		"-netdev", "user,id=n0,ipv6=off", "-device", "e1000,netdev=n0,romfile=")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting qemu: %v", err)
+	}
+	var lines []string
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		t.Log("vm: " + line)
+		lines = append(lines, line)
+	}
+	err = cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("the VM did not finish within %s: killed", bootTimeout)
+	}
+	if err != nil {
+		t.Fatalf("qemu: %v", err)
+	}
+	return lines
+}
+
+// judge requires the guest's status line to say 0 and one passing CHECK
+// line for each check.
+func judge(t *testing.T, console []string) {
+	t.Helper()
+	status := ""
+	passed := map[string]bool{}
+	for _, l := range console {
+		if s, ok := strings.CutPrefix(l, "RESULT rc="); ok {
+			status = s
+		}
+		if s, ok := strings.CutPrefix(l, "CHECK "); ok {
+			if name, _, ok := strings.Cut(s, ": ok: "); ok {
+				passed[name] = true
+			}
+		}
+	}
+	if status == "" {
+		t.Fatal("the VM ended without the guest's status line (RESULT rc=N): the kernel or /init failed, see the vm: lines above")
+	}
+	for _, ch := range checks {
+		if !passed[ch.name()] {
+			t.Errorf("no passing check %q in the guest's output", ch.name())
+		}
+	}
+	if status != "0" {
+		t.Errorf("the guest's tests exited with status %s", status)
+	}
+}
