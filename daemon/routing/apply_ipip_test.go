@@ -40,7 +40,7 @@ func TestApplyIPIP(t *testing.T) {
 			t.Fatalf("Apply on a kernel without ipip: error %v, want one wrapping ErrNoIPIP (%q)", err, ErrNoIPIP)
 		}
 		t.Skipf("SKIPPING the IPIP data path: this kernel cannot create ipip devices (ip link add type ipip: %v); Apply reported it as: %v\n"+
-			"Run daemon/routing/testdata/ipip-in-qemu.sh to run this test under a kernel with ipip.", why, err)
+			"make test-ipip runs it under qemu, in a kernel with ipip (test/qemutest TestRoutingInQEMU).", why, err)
 	}
 
 	p1, p2 := n1.addPod(t, 10), n2.addPod(t, 10)

@@ -8,8 +8,9 @@
 #               lists and iptables' extensions, the kernel's network modules
 #               with a modules.dep (depmod -b) so that busybox's modprobe
 #               loads what iptables, ipset and ip ask for, and /init
-# A run appends its own archive (the test binary, tabby's programs and
-# /guest.json) and boots it; /init runs /guest.test and powers off.
+# A run appends its own archive (the test binary, tabby's programs,
+# /guest.json, /guest.args) and boots it; /init runs /guest.test and powers
+# off.
 # The folder is <cache>/qemu/<key>: the cache is $TABBY_CACHE_DIR or
 # ${XDG_CACHE_HOME:-$HOME/.cache}/tabby, the key a hash of this script and
 # of the versions of the Debian packages it takes files from.
@@ -45,7 +46,8 @@ rm -rf "$out.tmp"
 mkdir -p "$out.tmp"
 cd "$out.tmp"
 echo "building the qemu kernel and initramfs into $out ($kpkg $kver)" >&2
-step "apt-get download $kpkg" apt-get download -q "$kpkg" >&2
+# As root, not _apt: apt cannot hand this folder to its sandbox user.
+step "apt-get download $kpkg" apt-get download -q -o APT::Sandbox::User=root "$kpkg" >&2
 deb=$(ls "$kpkg"_*.deb)
 step "dpkg-deb -x $deb" dpkg-deb -x "$deb" k
 rm -f "$deb"
@@ -110,7 +112,8 @@ cat >"$R/init" <<'INIT'
 # tabby's qemu guest (busybox's sh runs its own applets first, so the\n# real programs are called by path): mounts, modules, the NIC on qemu's user network
 # (10.0.2.15/24; no default route, so the guest reaches nothing but
 # qemu's 10.0.2.0/24, where 10.0.2.2 is the host's loopback), then the
-# test binary a run appended; its status is the last line.
+# test binary a run appended (with the flags in /guest.args, if any); its
+# status is the last line.
 /bin/busybox --install -s /bin
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
@@ -120,7 +123,7 @@ for m in e1000 veth bridge ipip; do /sbin/modprobe $m || echo "GUEST modprobe $m
 /usr/sbin/ip link set lo up
 /usr/sbin/ip link set eth0 up && /usr/sbin/ip addr add 10.0.2.15/24 dev eth0
 echo "GUEST kernel $(uname -r) up after $(cut -d' ' -f1 /proc/uptime)s"
-TABBY_QEMU_GUEST=/guest.json /guest.test -test.v >/dev/console 2>&1
+TABBY_QEMU_GUEST=/guest.json /guest.test -test.v $(cat /guest.args 2>/dev/null) >/dev/console 2>&1
 echo "RESULT rc=$?" >/dev/console
 poweroff -f
 INIT
