@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages tabby's tests and lab use, when missing:
 # the kernel tools tabby drives (iptables, ipset, iproute2), the peers it is
-# tested against (bird2, the reference CNI plugins, iperf3), iputils-ping and
-# graphviz (its dot reads what tabbyctl bgp graph prints).
+# tested against (bird2, the reference CNI plugins, iperf3), iputils-ping,
+# graphviz (its dot reads what tabbyctl bgp graph prints), and what the
+# IPIP test under qemu boots (qemu-system-x86, busybox-static, cpio, xz-utils).
 set -euo pipefail
-pkgs=(iptables ipset iproute2 containernetworking-plugins bird2 iperf3 iputils-ping procps kmod runc containerd util-linux graphviz)
+pkgs=(iptables ipset iproute2 containernetworking-plugins bird2 iperf3 iputils-ping procps kmod runc containerd util-linux graphviz qemu-system-x86 busybox-static cpio xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
