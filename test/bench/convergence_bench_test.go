@@ -36,7 +36,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -52,21 +51,6 @@ import (
 
 // convSubnet is the underlay's subnet: node i (0-based) is .11+i.
 var convSubnet = netip.MustParsePrefix("10.79.0.0/24")
-
-// register makes the Node object what a kubelet makes it: Ready, with its
-// InternalIP and Hostname.
-func register(ctx context.Context, n *testnet.Node, ip netip.Addr) error {
-	node, err := n.DS.Nodes.Get(ctx, n.Name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	now := metav1.Now()
-	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}, {Type: corev1.NodeHostName, Address: n.Name}}
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		Message: "tabbyd alone (route convergence benchmark)", LastHeartbeatTime: now, LastTransitionTime: now}}
-	_, err = n.DS.Nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{})
-	return err
-}
 
 // convNode is a node of the benchmark: its namespace and tabbyd.
 type convNode struct {
@@ -124,8 +108,8 @@ func startNode(b *testing.B, u *netnstest.Net, name string, i int) (*convNode, e
 	if err := u.Plug(n.NS, "eth0", fmt.Sprintf("p%d", i+1), "br0", netip.PrefixFrom(ip, convSubnet.Bits()).String()); err != nil {
 		return nil, fmt.Errorf("plugging %s into the underlay: %w", name, err)
 	}
-	if err := register(ctx, n, ip); err != nil {
-		return nil, fmt.Errorf("registering Node %s: %w", name, err)
+	if err := n.Register(ctx, ip, "tabbyd alone (route convergence benchmark)"); err != nil {
+		return nil, err
 	}
 	// tabbyd as the DaemonSet runs it, but for the node's address (no
 	// kubelet here says which address is the node's).

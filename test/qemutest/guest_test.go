@@ -3,7 +3,6 @@ package qemutest
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -11,12 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/routing"
@@ -69,11 +63,11 @@ func runGuest(ctx context.Context, path string) (failed int, err error) {
 			}
 		}
 	}()
-	router, err := newRouter()
+	router, err := testnet.NewRouter(subnets...)
 	if err != nil {
 		return 0, err
 	}
-	undo = append(undo, router.close)
+	undo = append(undo, router.Close)
 	var vms []*guestNode
 	for _, spec := range nodes {
 		n, err := startNode(ctx, c, cfg, router, spec, &undo)
@@ -121,124 +115,9 @@ func readGuestConfig(path string) (*guestConfig, error) {
 	return &cfg, nil
 }
 
-// router is a namespace holding one bridge per subnet, with the gateway's
-// address on each and forwarding on: the underlay between the nodes.
-type router struct {
-	ns      ns.NetNS
-	bridges []int // link index of each subnet's bridge
-}
-
-func newRouter() (*router, error) {
-	n, err := testutils.NewNS()
-	if err != nil {
-		return nil, err
-	}
-	r := &router{ns: n}
-	err = withHandle(n, func(h *netlink.Handle) error {
-		if err := setUp(h, "lo"); err != nil {
-			return err
-		}
-		for i, gw := range subnets {
-			name := fmt.Sprintf("br%d", i)
-			if err := h.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
-				return fmt.Errorf("adding the underlay bridge %s: %w", name, err)
-			}
-			l, err := h.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			r.bridges = append(r.bridges, l.Attrs().Index)
-			if err := addAddr(h, name, gw); err != nil {
-				return err
-			}
-			if err := setUp(h, name); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err == nil {
-		err = n.Do(func(ns.NetNS) error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) })
-	}
-	if err != nil {
-		_ = r.close()
-		return nil, fmt.Errorf("making the underlay router: %w", err)
-	}
-	return r, nil
-}
-
-func (r *router) close() error { return errors.Join(r.ns.Close(), testutils.UnmountNS(r.ns)) }
-
-// plug gives node n an eth0 on the bridge of subnet i with address addr
-// and a route to the whole underlay via the subnet's gateway.
-func (r *router) plug(n *testnet.Node, i int, addr string) error {
-	port := "to-" + n.Name
-	err := withHandle(r.ns, func(h *netlink.Handle) error {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: port, MasterIndex: r.bridges[i]}, PeerName: "eth0",
-			PeerNamespace: netlink.NsFd(int(n.NS.Fd()))}
-		if err := h.LinkAdd(veth); err != nil {
-			return fmt.Errorf("adding %s's eth0: %w", n.Name, err)
-		}
-		return setUp(h, port)
-	})
-	if err != nil {
-		return err
-	}
-	gw := netip.MustParsePrefix(subnets[i]).Addr()
-	return withHandle(n.NS, func(h *netlink.Handle) error {
-		if err := addAddr(h, "eth0", addr); err != nil {
-			return err
-		}
-		if err := setUp(h, "eth0"); err != nil {
-			return err
-		}
-		_, dst, _ := net.ParseCIDR(underlayRoute)
-		l, err := h.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		return h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: gw.AsSlice()})
-	})
-}
-
-func withHandle(n ns.NetNS, f func(*netlink.Handle) error) error {
-	h, err := netlink.NewHandleAt(netns.NsHandle(int(n.Fd())))
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	return f(h)
-}
-
-func setUp(h *netlink.Handle, name string) error {
-	l, err := h.LinkByName(name)
-	if err == nil {
-		err = h.LinkSetUp(l)
-	}
-	if err != nil {
-		return fmt.Errorf("bringing %s up: %w", name, err)
-	}
-	return nil
-}
-
-func addAddr(h *netlink.Handle, name, cidr string) error {
-	l, err := h.LinkByName(name)
-	if err != nil {
-		return err
-	}
-	a, err := netlink.ParseAddr(cidr)
-	if err != nil {
-		return err
-	}
-	if err := h.AddrAdd(l, a); err != nil {
-		return fmt.Errorf("adding %s to %s: %w", cidr, name, err)
-	}
-	return nil
-}
-
 // startNode makes the node of spec on the router, registers its Node as a
 // kubelet would and starts its tabbyd; undo gets what undoes each.
-func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r *router, spec nodeSpec, undo *[]func() error) (*guestNode, error) {
+func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r *testnet.Router, spec nodeSpec, undo *[]func() error) (*guestNode, error) {
 	n, err := testnet.NewNode(ctx, testnet.NodeOptions{
 		Name: spec.name,
 		// One family: the uplink that leads nowhere holds the default
@@ -252,12 +131,12 @@ func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r
 		return nil, err
 	}
 	*undo = append(*undo, n.Close)
-	if err := r.plug(n, spec.subnet, spec.addr); err != nil {
+	if err := r.Plug(n, spec.subnet, spec.addr, underlayRoute); err != nil {
 		return nil, err
 	}
 	ip := netip.MustParsePrefix(spec.addr).Addr()
-	if err := register(ctx, n, ip); err != nil {
-		return nil, fmt.Errorf("registering Node %s: %w", n.Name, err)
+	if err := n.Register(ctx, ip, "tabbyd alone (IPIP under qemu)"); err != nil {
+		return nil, err
 	}
 	d, err := n.StartTabbyd(ctx, filepath.Join(cfg.BinDir, "tabbyd"), "--node-ip", ip.String(), "--log-level", "info")
 	if err != nil {
@@ -265,21 +144,6 @@ func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r
 	}
 	*undo = append(*undo, d.Stop)
 	return &guestNode{Node: n, ip: ip, tabbyd: d}, nil
-}
-
-// register makes the Node object what a kubelet makes it: Ready, with its
-// InternalIP and Hostname.
-func register(ctx context.Context, n *testnet.Node, ip netip.Addr) error {
-	node, err := n.DS.Nodes.Get(ctx, n.Name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	now := metav1.Now()
-	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}, {Type: corev1.NodeHostName, Address: n.Name}}
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		Message: "tabbyd alone (IPIP under qemu)", LastHeartbeatTime: now, LastTransitionTime: now}}
-	_, err = n.DS.Nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{})
-	return err
 }
 
 // guestPod is a pod and the address the plugin gave it.

@@ -34,8 +34,8 @@ type nodeSpec struct {
 	subnet int    // index into subnets
 }
 
-// subnets are the underlay's two bridges, joined by a router namespace
-// whose addresses on them (the nodes' gateways) are these.
+// subnets are the router's addresses (the nodes' gateways) on the
+// underlay's two bridges.
 var subnets = []string{"10.80.1.1/24", "10.80.2.1/24"}
 
 // underlayRoute is what every node routes via its gateway.
