@@ -29,8 +29,14 @@ for tool in busybox cpio apt-get dpkg-deb depmod kmod xz ip iptables ipset ping;
     exit 2
   }
 done
-kpkg=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}')
-[[ -n $kpkg ]] || { echo "qemu build: apt knows no linux-image-amd64: run apt-get update" >&2; exit 2; }
+kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-/{print $2; exit}'; }
+kpkg=$(kernel_package)
+if [[ -z $kpkg && $(id -u) == 0 ]]; then
+  echo "qemu build: apt knows no linux-image-amd64 yet: apt-get update" >&2
+  apt-get update -qq >&2
+  kpkg=$(kernel_package)
+fi
+[[ -n $kpkg ]] || { echo "qemu build: apt knows no linux-image-amd64: run apt-get update (as root)" >&2; exit 2; }
 kver=$(apt-cache policy "$kpkg" | awk '/Candidate:/{print $2}')
 versions() {
   echo "$kpkg $kver"

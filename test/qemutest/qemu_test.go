@@ -232,7 +232,8 @@ func boot(t *testing.T, qemu, vm, initrd string) []string {
 		// the host's loopback at 10.0.2.2 and has no default route.
 		"-netdev", "user,id=n0,ipv6=off", "-device", "e1000,netdev=n0,romfile=")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stderr = os.Stderr
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -253,10 +254,13 @@ func boot(t *testing.T, qemu, vm, initrd string) []string {
 	}
 	err = cmd.Wait()
 	if ctx.Err() != nil {
-		t.Fatalf("the VM did not finish within %s: killed", bootTimeout)
+		t.Fatalf("the VM did not finish within %s: killed\n%s", bootTimeout, stderr.String())
 	}
 	if err != nil {
-		t.Fatalf("qemu: %v", err)
+		t.Fatalf("qemu: %v\n%s", err, stderr.String())
+	}
+	if stderr.Len() > 0 {
+		t.Logf("qemu's stderr:\n%s", stderr.String())
 	}
 	return lines
 }
