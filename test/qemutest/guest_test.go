@@ -3,11 +3,13 @@ package qemutest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -55,29 +57,23 @@ func runGuest(ctx context.Context, path string) (failed int, err error) {
 	if err != nil {
 		return 0, err
 	}
-	var undo []func() error
-	defer func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			if e := undo[i](); e != nil {
-				fmt.Printf("GUEST cleanup: %v\n", e)
-			}
-		}
-	}()
+	undo := &cleanups{}
+	defer undo.run()
 	router, err := testnet.NewRouter(subnets...)
 	if err != nil {
 		return 0, err
 	}
-	undo = append(undo, router.Close)
+	undo.add(router.Close)
 	var vms []*guestNode
 	for _, spec := range nodes {
-		n, err := startNode(ctx, c, cfg, router, spec, &undo)
+		n, err := startNode(ctx, c, cfg, router, spec, undo)
 		if err != nil {
 			return 0, err
 		}
 		vms = append(vms, n)
 	}
 	stamp("nodes and their tabbyds are up")
-	pods, err := addPods(ctx, vms, &undo)
+	pods, err := addPods(ctx, vms, undo)
 	if err != nil {
 		return 0, err
 	}
@@ -95,6 +91,27 @@ func runGuest(ctx context.Context, path string) (failed int, err error) {
 		}
 	}
 	return failed, nil
+}
+
+// cleanups undoes what the guest made, last first; pods are wired
+// concurrently, so add takes a lock.
+type cleanups struct {
+	mu sync.Mutex
+	fs []func() error
+}
+
+func (c *cleanups) add(f func() error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fs = append(c.fs, f)
+}
+
+func (c *cleanups) run() {
+	for i := len(c.fs) - 1; i >= 0; i-- {
+		if err := c.fs[i](); err != nil {
+			fmt.Printf("GUEST cleanup: %v\n", err)
+		}
+	}
 }
 
 var guestStart = time.Now()
@@ -117,7 +134,7 @@ func readGuestConfig(path string) (*guestConfig, error) {
 
 // startNode makes the node of spec on the router, registers its Node as a
 // kubelet would and starts its tabbyd; undo gets what undoes each.
-func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r *testnet.Router, spec nodeSpec, undo *[]func() error) (*guestNode, error) {
+func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r *testnet.Router, spec nodeSpec, undo *cleanups) (*guestNode, error) {
 	n, err := testnet.NewNode(ctx, testnet.NodeOptions{
 		Name: spec.name,
 		// One family: the uplink that leads nowhere holds the default
@@ -130,7 +147,7 @@ func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r
 	if err != nil {
 		return nil, err
 	}
-	*undo = append(*undo, n.Close)
+	undo.add(n.Close)
 	if err := r.Plug(n, spec.subnet, spec.addr, underlayRoute); err != nil {
 		return nil, err
 	}
@@ -142,7 +159,7 @@ func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r
 	if err != nil {
 		return nil, err
 	}
-	*undo = append(*undo, d.Stop)
+	undo.add(d.Stop)
 	return &guestNode{Node: n, ip: ip, tabbyd: d}, nil
 }
 
@@ -153,24 +170,33 @@ type guestPod struct {
 	ip   net.IP
 }
 
-// addPods wires one pod of each pool on each node, as a runtime would: its
-// Pod object (naming the pool) first, then CNI ADD.
-func addPods(ctx context.Context, vms []*guestNode, undo *[]func() error) (map[string][]*guestPod, error) {
-	out := map[string][]*guestPod{}
-	for _, pl := range pools {
-		for _, n := range vms {
-			p, err := addPod(ctx, n, pl.name, undo)
-			if err != nil {
-				return nil, err
-			}
-			fmt.Printf("GUEST pod %s/%s on %s: %s\n", p.Namespace, p.Name, n.Name, p.ip)
-			out[pl.name] = append(out[pl.name], p)
+// addPods wires one pod of each pool on each node, all at once, as
+// runtimes would: its Pod object (naming the pool) first, then CNI ADD.
+func addPods(ctx context.Context, vms []*guestNode, undo *cleanups) (map[string][]*guestPod, error) {
+	made := make([][]*guestPod, len(pools))
+	errs := make([]error, len(pools)*len(vms))
+	var wg sync.WaitGroup
+	for i, pl := range pools {
+		made[i] = make([]*guestPod, len(vms))
+		for j, n := range vms {
+			wg.Go(func() { made[i][j], errs[i*len(vms)+j] = addPod(ctx, n, pl.name, undo) })
 		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	out := map[string][]*guestPod{}
+	for i, pl := range pools {
+		for _, p := range made[i] {
+			fmt.Printf("GUEST pod %s/%s on %s: %s\n", p.Namespace, p.Name, p.node.Name, p.ip)
+		}
+		out[pl.name] = made[i]
 	}
 	return out, nil
 }
 
-func addPod(ctx context.Context, n *guestNode, pool string, undo *[]func() error) (*guestPod, error) {
+func addPod(ctx context.Context, n *guestNode, pool string, undo *cleanups) (*guestPod, error) {
 	conf := n.TabbyConf(nil)
 	// Under TCG tabbyd takes seconds to see the pod's allocation: give it
 	// longer than the default 10s before the plugin gives up on its policy.
@@ -183,17 +209,17 @@ func addPod(ctx context.Context, n *guestNode, pool string, undo *[]func() error
 	if err != nil {
 		return nil, err
 	}
-	*undo = append(*undo, p.Close)
+	undo.add(p.Close)
 	ann, _ := json.Marshal([]string{pool})
 	if err := n.CreatePodObject(ctx, p, map[string]string{tabbyv1.AnnotationIPv4Pools: string(ann)}); err != nil {
 		return nil, err
 	}
-	*undo = append(*undo, func() error { return n.DeletePodObject(context.Background(), p) })
+	undo.add(func() error { return n.DeletePodObject(context.Background(), p) })
 	res, err := n.Add(ctx, list, p, nil)
 	if err != nil {
 		return nil, fmt.Errorf("CNI ADD of %s on %s: %w\ntabbyd's log:\n%s", p.Name, n.Name, err, n.tabbyd.LogTail(30))
 	}
-	*undo = append(*undo, func() error { return n.Del(context.Background(), list, p, nil) })
+	undo.add(func() error { return n.Del(context.Background(), list, p, nil) })
 	ips := testnet.ResultIPs(res, false)
 	if len(ips) == 0 {
 		return nil, fmt.Errorf("CNI ADD of %s on %s gave no IPv4 address: %v", p.Name, n.Name, res)
