@@ -39,7 +39,6 @@ const qemuPackage = "qemu-system-x86"
 // IPIP CrossSubnet pool only across subnets (tunl0's counters stay put in
 // the same subnet).
 func TestIPIPInQEMU(t *testing.T) {
-	tier.Root(t, "to boot a VM whose nodes are network namespaces", "cpio")
 	qemu := requireQEMU(t)
 	start := time.Now()
 	vm := vmImage(t)
@@ -62,7 +61,6 @@ var routingRun = flag.String("qemu.routing-run", "^TestApplyIPIP$", "the tests o
 // skip on a kernel without ipip, inside the VM: the applier makes tunl0 and
 // its routes, and pods on two nodes reach each other over it.
 func TestRoutingInQEMU(t *testing.T) {
-	tier.Root(t, "to boot a VM whose nodes are network namespaces", "cpio")
 	qemu := requireQEMU(t)
 	vm := vmImage(t)
 	root := t.TempDir()
@@ -84,12 +82,15 @@ func TestRoutingInQEMU(t *testing.T) {
 	judge(t, console, want...)
 }
 
-// requireQEMU returns qemu-system-x86_64's path. Where it is missing and
-// apt cannot install it the test skips, loudly; where apt could, the
-// machine was not set up (make deps) and the test fails.
+// requireQEMU skips t as non-root and returns qemu-system-x86_64's path.
+// Where qemu is missing and apt cannot install it the test skips, loudly;
+// where apt could, the machine was not set up (make deps) and the test
+// fails, as it does without cpio.
 func requireQEMU(t *testing.T) string {
 	t.Helper()
+	tier.Root(t, "to boot a VM whose nodes are network namespaces")
 	if p, err := exec.LookPath("qemu-system-x86_64"); err == nil {
+		tier.Root(t, "to boot a VM", "cpio")
 		return p
 	}
 	out, err := exec.Command("apt-cache", "policy", qemuPackage).Output()
