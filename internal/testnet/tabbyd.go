@@ -61,7 +61,8 @@ type Tabbyd struct {
 
 // StartTabbyd runs bin (tabbyd) inside the node's namespace with the node's
 // kubeconfig and agent socket, and waits until the socket accepts
-// connections (its caches have synced). Stop or Kill it; the caller must,
+// connections (its caches have synced), until ctx's deadline or for
+// DefaultTabbydStartWait. Stop or Kill it; the caller must,
 // also when the test fails (t.Cleanup).
 func (n *Node) StartTabbyd(ctx context.Context, bin string, extraArgs ...string) (*Tabbyd, error) {
 	if n.Kubeconfig == "" {
@@ -109,9 +110,18 @@ func (n *Node) StartTabbyd(ctx context.Context, bin string, extraArgs ...string)
 	return d, nil
 }
 
+// DefaultTabbydStartWait bounds StartTabbyd's wait for the agent socket
+// when its context has no deadline.
+const DefaultTabbydStartWait = 30 * time.Second
+
+// waitSocket waits for the agent socket until ctx's deadline, or for
+// DefaultTabbydStartWait when ctx has none (a VM under TCG needs longer).
 func (d *Tabbyd) waitSocket(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTabbydStartWait)
+		defer cancel()
+	}
 	for {
 		if c, err := net.Dial("unix", d.Node.AgentSocket); err == nil {
 			return c.Close()

@@ -155,7 +155,12 @@ func startNode(ctx context.Context, c *controlplane.Cluster, cfg *guestConfig, r
 	if err := n.Register(ctx, ip, "tabbyd alone (IPIP under qemu)"); err != nil {
 		return nil, err
 	}
-	d, err := n.StartTabbyd(ctx, filepath.Join(cfg.BinDir, "tabbyd"), "--node-ip", ip.String(), "--log-level", "info")
+	// Under TCG on a busy host tabbyd takes longer than the 30s a host
+	// test allows it to sync its caches. The IPAM garbage collector is not
+	// under test here: it stays off, leaving the guest's CPU to the rest.
+	wait, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	d, err := n.StartTabbyd(wait, filepath.Join(cfg.BinDir, "tabbyd"), "--node-ip", ip.String(), "--log-level", "info", "--ipam-gc=false")
 	if err != nil {
 		return nil, err
 	}
@@ -199,8 +204,10 @@ func addPods(ctx context.Context, vms []*guestNode, undo *cleanups) (map[string]
 func addPod(ctx context.Context, n *guestNode, pool string, undo *cleanups) (*guestPod, error) {
 	conf := n.TabbyConf(nil)
 	// Under TCG tabbyd takes seconds to see the pod's allocation: give it
-	// longer than the default 10s before the plugin gives up on its policy.
+	// longer than the default 10s before the plugin gives up on its
+	// policy, and the plugin's calls longer than a host test's 20s.
 	conf["policyWaitTimeout"] = "90s"
+	conf["timeout"] = "90s"
 	list, err := testnet.ConfList("1.1.0", conf)
 	if err != nil {
 		return nil, err
