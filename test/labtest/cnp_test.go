@@ -37,8 +37,8 @@ var cnpExperimental = []string{"ClusterNetworkPolicyNamedPorts", "ClusterNetwork
 
 // cnpAgnhost is the image the suite's pods run (its base manifests name
 // agnhost 2.45). The lab builds it from the agnhost it preloads (2.59, from
-// Kubernetes v1.35.4): the suite runs only agnhost's netexec and connect,
-// whose flags and answers are the same in both.
+// Kubernetes v1.35.4): the suite runs only agnhost's serve-hostname,
+// porter and connect, whose flags and answers are the same in both.
 const cnpAgnhost = "registry.k8s.io/e2e-test-images/agnhost:2.45"
 
 // TestCNPConformance runs sigs.k8s.io/network-policy-api's conformance
