@@ -193,7 +193,15 @@ func (n *NS) Exec(name string, args ...string) string {
 
 // Command is a command that runs name inside n (through nsenter), for
 // programs that outlive a call or whose output streams.
+//
+// nsenter gets the program's path as exec.Command finds it on PATH, not its
+// bare name: busybox's nsenter (the qemu guest's, test/qemutest) runs a
+// bare name as its own applet when it has one, and busybox's ip shows
+// none of what the tests read.
 func (n *NS) Command(name string, args ...string) *exec.Cmd {
+	if p, err := exec.LookPath(name); err == nil {
+		name = p
+	}
 	return exec.Command("nsenter", append([]string{"--net=" + n.Path(), name}, args...)...)
 }
 
