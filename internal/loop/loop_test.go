@@ -3,6 +3,7 @@ package loop
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -162,7 +163,7 @@ func TestBackoffGrowsAndResets(t *testing.T) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if want := []int{0, 1, 2, 3, 4, 0, 1}; !equal(failures, want) {
+	if want := []int{0, 1, 2, 3, 4, 0, 1}; !slices.Equal(failures, want) {
 		t.Errorf("failures in a row seen by the passes: %v, want %v", failures, want)
 	}
 }
@@ -284,16 +285,4 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-func equal(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

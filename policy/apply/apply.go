@@ -336,7 +336,7 @@ func (a *Applier) remember(f *family, ft filterTable) {
 	var changed, deleted []string
 	for name, lines := range ft.chains {
 		kc := f.chains[name]
-		if kc != nil && kc.kernel != nil && equalLines(kc.kernel, lines) {
+		if kc != nil && kc.kernel != nil && slices.Equal(kc.kernel, lines) {
 			continue
 		}
 		if kc != nil && kc.written {
@@ -361,18 +361,6 @@ func (a *Applier) remember(f *family, ft filterTable) {
 }
 
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
-
-func equalLines(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
 
 // Invalidate makes the next Apply read the kernel instead of trusting the
 // applier's memory of it.
