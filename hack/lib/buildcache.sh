@@ -1,5 +1,6 @@
 # Shared by the scripts that build programs tabby's tests and lab run from
-# the Go module proxy (test/controlplane/build.sh, test/runtime/build.sh).
+# the Go module proxy (test/controlplane, test/runtime, test/upstream,
+# test/cnpconformance) and the qemu test's kernel (test/qemutest).
 # Source it; it defines:
 #
 #   cache_root             the build cache: $TABBY_CACHE_DIR, else
@@ -11,6 +12,12 @@
 #   cache_lock DIR         waits for, then holds until the script exits, an
 #                          exclusive lock on DIR.lock (test packages run
 #                          build scripts at the same time).
+#   cache_claim DIR        with the script's `complete` function saying
+#                          whether DIR holds the build: when it does, prints
+#                          DIR and ends the script; else takes DIR's lock,
+#                          looks again (another run may have built it
+#                          meanwhile), and leaves an empty DIR.tmp to build
+#                          into (then moved to DIR).
 #   step NAME CMD...       runs CMD, with "[elapsed] NAME" on stderr first.
 
 cache_root() {
@@ -28,6 +35,14 @@ cache_lock() {
     echo "waiting for another build into $1" >&2
     flock "$__lock_fd"
   fi
+}
+
+cache_claim() {
+  if complete; then echo "$1"; exit 0; fi
+  cache_lock "$1"
+  if complete; then echo "$1"; exit 0; fi
+  rm -rf "$1.tmp"
+  mkdir -p "$1.tmp"
 }
 
 __build_start=$SECONDS

@@ -15,11 +15,7 @@ key="$(content_key "$here/go.mod" "$here/go.sum" "$here/tools.go" "$here/build.s
 out="$(cache_root)/cnp-conformance/$key"
 bin=cnp-conformance.test
 complete() { [[ -x "$out/$bin" && -s "$out/clusternetworkpolicies.yaml" ]]; }
-if complete; then echo "$out"; exit 0; fi
-cache_lock "$out"
-if complete; then echo "$out"; exit 0; fi
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
+cache_claim "$out"
 cd "$here"
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 echo "building the ClusterNetworkPolicy conformance suite (network-policy-api v0.3.0) into $out (cold: about 3 minutes)" >&2

@@ -24,11 +24,7 @@ bins=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet
 complete() {
   for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || return 1; done
 }
-if complete; then echo "$out"; exit 0; fi
-cache_lock "$out"
-if complete; then echo "$out"; exit 0; fi
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
+cache_claim "$out"
 cd "$here"
 ld="-s -w -X k8s.io/component-base/version.gitVersion=$k8s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35 -X k8s.io/client-go/pkg/version.gitVersion=$k8s -X k8s.io/component-base/version.gitTreeState=clean"
 export GOFLAGS=-mod=mod CGO_ENABLED=0

@@ -45,11 +45,7 @@ versions() {
 key=$({ sha256sum <"$0"; versions; } | sha256sum | cut -c1-16)
 out="$(cache_root)/qemu/$key"
 complete() { [[ -s $out/vmlinux && -s $out/base.cpio ]]; }
-if complete; then echo "$out"; exit 0; fi
-cache_lock "$out"
-if complete; then echo "$out"; exit 0; fi
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
+cache_claim "$out"
 cd "$out.tmp"
 echo "building the qemu kernel and initramfs into $out ($kpkg $kver)" >&2
 # As root, not _apt: apt cannot hand this folder to its sandbox user.

@@ -18,11 +18,7 @@ bins=(containerd containerd-shim-runc-v2 ctr coredns)
 complete() {
   for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || return 1; done
 }
-if complete; then echo "$out"; exit 0; fi
-cache_lock "$out"
-if complete; then echo "$out"; exit 0; fi
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
+cache_claim "$out"
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 echo "building containerd and CoreDNS into $out (cold: about 3 minutes)" >&2
 cd "$here/containerd"

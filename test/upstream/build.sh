@@ -13,11 +13,8 @@ source "$root/hack/lib/buildcache.sh"
 k8s=v1.35.4
 key="$(content_key "$here/go.mod" "$here/go.sum" "$here/tools.go" "$here/build.sh")"
 out="$(cache_root)/e2e/$key"
-if [[ -x "$out/e2e.test" ]]; then echo "$out"; exit 0; fi
-cache_lock "$out"
-if [[ -x "$out/e2e.test" ]]; then echo "$out"; exit 0; fi
-rm -rf "$out.tmp"
-mkdir -p "$out.tmp"
+complete() { [[ -x "$out/e2e.test" ]]; }
+cache_claim "$out"
 cd "$here"
 ld="-s -w -X k8s.io/component-base/version.gitVersion=$k8s -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=35 -X k8s.io/client-go/pkg/version.gitVersion=$k8s -X k8s.io/component-base/version.gitTreeState=clean"
 export GOFLAGS=-mod=mod CGO_ENABLED=0
