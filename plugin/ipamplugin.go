@@ -18,11 +18,11 @@ import (
 // network that are not listed, STATUS checks the datastore and pools.
 func IPAMFuncs(d Deps) skel.CNIFuncs {
 	return skel.CNIFuncs{
-		Add:    run(d, "tabby-ipam", IPAMAdd, always),
-		Check:  run(d, "tabby-ipam", IPAMCheck, always),
-		Del:    run(d, "tabby-ipam", IPAMDel, always),
-		GC:     run(d, "tabby-ipam", IPAMGC, always),
-		Status: run(d, "tabby-ipam", IPAMStatus, always),
+		Add:    run(d, "tabby-ipam", "", IPAMAdd, always),
+		Check:  run(d, "tabby-ipam", "", IPAMCheck, always),
+		Del:    run(d, "tabby-ipam", "", IPAMDel, always),
+		GC:     run(d, "tabby-ipam", "", IPAMGC, always),
+		Status: run(d, "tabby-ipam", "", IPAMStatus, always),
 	}
 }
 

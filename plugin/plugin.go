@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -97,11 +98,11 @@ func TabbyFuncs(d Deps) skel.CNIFuncs {
 	ipamOnly := (*Config).TabbyIPAM
 	return skel.CNIFuncs{
 		// ADD also reads the pools to work out the MTU.
-		Add:    reported(d, agentapi.CommandAdd, run(d, "tabby", CmdAdd, func(c *Config) bool { return c.TabbyIPAM() || c.MTU == 0 })),
-		Check:  run(d, "tabby", CmdCheck, ipamOnly),
-		Del:    reported(d, agentapi.CommandDel, run(d, "tabby", CmdDel, ipamOnly)),
-		GC:     run(d, "tabby", CmdGC, ipamOnly),
-		Status: run(d, "tabby", CmdStatus, ipamOnly),
+		Add:    run(d, "tabby", agentapi.CommandAdd, CmdAdd, func(c *Config) bool { return c.TabbyIPAM() || c.MTU == 0 }),
+		Check:  run(d, "tabby", "", CmdCheck, ipamOnly),
+		Del:    run(d, "tabby", agentapi.CommandDel, CmdDel, ipamOnly),
+		GC:     run(d, "tabby", "", CmdGC, ipamOnly),
+		Status: run(d, "tabby", "", CmdStatus, ipamOnly),
 	}
 }
 
@@ -113,12 +114,17 @@ type Command func(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, lo
 // needs IPAM (needsIPAM), the allocator is chosen first, before the command
 // changes anything: tabbyd's agent if its socket accepts a connection, else
 // the datastore directly, in this process or, in a binary without a
-// datastore client, by handing the whole command to tabby-ipam.
-func run(d Deps, name string, cmd Command, needsIPAM func(*Config) bool) func(*skel.CmdArgs) error {
-	return func(args *skel.CmdArgs) error {
+// datastore client, by handing the whole command to tabby-ipam. A command
+// with a report name tells tabbyd how long it took (Deps.reports).
+func run(d Deps, name, report string, cmd Command, needsIPAM func(*Config) bool) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) (err error) {
+		start := time.Now()
 		c, err := LoadConfig(args.StdinData)
 		if err != nil {
 			return err
+		}
+		if report != "" && d.reports(c) {
+			defer func() { reportCommand(c.AgentSocket, report, start, err) }()
 		}
 		log := d.Logger
 		if log == nil {

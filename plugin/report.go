@@ -4,8 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
-
 	"github.com/tabbynet/tabby/contract/agentapi"
 )
 
@@ -14,31 +12,25 @@ import (
 // not answer in time goes without the figure rather than the pod waiting.
 const reportTimeout = 100 * time.Millisecond
 
-// reported runs a command, then tells tabbyd's agent (the config's
-// agentSocket) how long it took and whether it failed, for the histogram
-// tabby_cni_command_duration_seconds: the plugin exits after every command,
-// so only tabbyd can keep one. The report is best effort: the command's
-// result and its error never depend on it. A command whose config cannot
-// be read, or that runs without the agent (Deps.NoAgent: handed over
-// because tabbyd did not answer), is not reported.
-func reported(d Deps, command string, f func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
-	return func(args *skel.CmdArgs) error {
-		start := time.Now()
-		err := f(args)
-		if d.NoAgent || d.NewAllocator != nil {
-			return err
-		}
-		c, cerr := LoadConfig(args.StdinData)
-		if cerr != nil || c.AgentSocket == "" {
-			return err
-		}
-		r := agentapi.CommandReport{Command: command, Result: agentapi.ResultOK, Seconds: time.Since(start).Seconds()}
-		if err != nil {
-			r.Result = agentapi.ResultError
-		}
-		report(c.AgentSocket, r)
-		return err
+// reports says whether a command run with config c tells tabbyd's agent
+// (the config's agentSocket) how long it took and whether it failed, for
+// the histogram tabby_cni_command_duration_seconds: the plugin exits after
+// every command, so only tabbyd can keep one. A command that runs without
+// the agent (Deps.NoAgent: handed over because tabbyd did not answer, or
+// an allocator a test gave) is not reported.
+func (d Deps) reports(c *Config) bool {
+	return !d.NoAgent && d.NewAllocator == nil && c.AgentSocket != ""
+}
+
+// reportCommand sends the report of a command that started at start and
+// ended with err. It is best effort: the command's result and its error
+// never depend on it.
+func reportCommand(socket, command string, start time.Time, err error) {
+	r := agentapi.CommandReport{Command: command, Result: agentapi.ResultOK, Seconds: time.Since(start).Seconds()}
+	if err != nil {
+		r.Result = agentapi.ResultError
 	}
+	report(socket, r)
 }
 
 // report sends r to the agent at socket, ignoring every error.
