@@ -9,7 +9,8 @@ import (
 
 // This file is a small model of the kernel's filter table and ipsets: it
 // runs a packet through the chains and sets of a Ruleset, so tests check
-// what the rules do, not how they are spelled. It knows exactly the
+// what the rules do, not how they are spelled, and Trace shows a user what
+// the rules tabbyd programs do with one packet. It knows exactly the
 // matches and targets the compiler may emit and rejects anything else.
 
 type verdict int
@@ -59,6 +60,8 @@ type machine struct {
 	parsed map[string][]*rule // "FORWARD" holds the jumps
 	// rulesRun counts the rules a packet was matched against.
 	rulesRun int
+	// trace, when not nil, collects every rule a packet matched (Trace).
+	trace *[]TraceStep
 }
 
 // newMachine loads a family of a Ruleset; it returns an error for anything
@@ -194,6 +197,7 @@ var setFlags = map[SetType]map[string]bool{
 }
 
 type rule struct {
+	args         []string // as the Ruleset spells it
 	in, out      string
 	proto        string
 	ctstates     []string
@@ -246,7 +250,7 @@ func parsePorts(s string) ([][2]int, error) {
 }
 
 func parseRule(args []string) (*rule, error) {
-	r := &rule{}
+	r := &rule{args: args}
 	next := func(i *int) (string, error) {
 		*i++
 		if *i >= len(args) {
@@ -456,10 +460,13 @@ func (m *machine) run(name string, p *pkt, depth int) (v verdict, terminal bool)
 	if depth > 16 {
 		panic("chain loop through " + name)
 	}
-	for _, r := range m.parsed[name] {
+	for i, r := range m.parsed[name] {
 		m.rulesRun++
 		if !m.matches(r, p) {
 			continue
+		}
+		if m.trace != nil {
+			*m.trace = append(*m.trace, TraceStep{Chain: name, Rule: i + 1, Args: r.args, Depth: depth})
 		}
 		switch r.target {
 		case "ACCEPT":
