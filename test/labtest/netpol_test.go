@@ -435,6 +435,9 @@ func TestNetworkPolicy(t *testing.T) {
 			t.Fatalf("tabbyd enforces no NetworkPolicy at all: after %q nothing was denied (is the policy controller running in tabbyd?)", sc.name)
 		}
 	}
+	trStart := time.Now()
+	ok := t.Run("trace agrees with probes", func(t *testing.T) { TraceAgreesWithProbes(t, m, 1, 6) })
+	results = append(results, result{"tabbyctl policy trace vs probes", ok, time.Since(trStart)})
 	var b strings.Builder
 	failed := 0
 	for _, r := range results {
