@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -52,7 +53,9 @@ import (
 type Config struct {
 	NodeName   string
 	Kubeconfig string
-	NodeIP     net.IP
+	// NodeIPs are --node-ip (ParseNodeIPs): at most one address per
+	// family; the families not given are detected.
+	NodeIPs []netip.Addr
 	// HealthListen serves /healthz, /readyz, /status and /metrics
 	// (default DefaultHealthListen, the loopback only); MetricsListen, when
 	// set, serves /metrics alone there too, for Prometheus.
@@ -101,9 +104,11 @@ type Config struct {
 	// uses. Routing (NAT outgoing) and NetworkPolicy both use it.
 	IPTablesBackend iptbackend.Mode
 	// DefaultIPv4Pool, when set, is created as the IPPool DefaultPoolName
-	// if the cluster has no IPPool (DefaultPoolSpec makes it).
-	DefaultIPv4Pool *tabbyv1.IPPoolSpec
-	Log             *slog.Logger
+	// if the cluster has no IPv4 IPPool (DefaultPoolSpec makes it);
+	// DefaultIPv6Pool as DefaultIPv6PoolName if it has no IPv6 one
+	// (DefaultIPv6PoolSpec).
+	DefaultIPv4Pool, DefaultIPv6Pool *tabbyv1.IPPoolSpec
+	Log                              *slog.Logger
 }
 
 // Run runs the daemon until ctx ends. It returns once every goroutine it
@@ -153,11 +158,16 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	if cfg.DefaultIPv4Pool != nil {
-		gs.Go("default pool", func(ctx context.Context) error {
-			ensureDefaultPool(ctx, ds, *cfg.DefaultIPv4Pool, cfg.Log)
-			return nil
-		})
+	for _, d := range []struct {
+		name string
+		spec *tabbyv1.IPPoolSpec
+	}{{DefaultPoolName, cfg.DefaultIPv4Pool}, {DefaultIPv6PoolName, cfg.DefaultIPv6Pool}} {
+		if d.spec != nil {
+			gs.Go("default pool "+d.name, func(ctx context.Context) error {
+				ensureDefaultPool(ctx, ds, d.name, *d.spec, cfg.Log)
+				return nil
+			})
+		}
 	}
 	routes := startRouting(gs, cfg, ds, backend, met, mux)
 	policies, err := startPolicy(gs, cfg, rc, ds, backend, met)

@@ -56,7 +56,7 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 		bg := context.Background()
 		_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(bg, policy, metav1.DeleteOptions{})
 		_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(bg, policy, metav1.DeleteOptions{})
-		for _, pool := range []string{DefaultPoolName, "users-pool"} {
+		for _, pool := range []string{DefaultPoolName, DefaultIPv6PoolName, "users-pool", "users-v6-pool"} {
 			_ = ds.IPPools.Delete(bg, pool, metav1.DeleteOptions{})
 		}
 	})
@@ -91,7 +91,7 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ensureDefaultPool(ctx, ds, *spec, log)
+		ensureDefaultPool(ctx, ds, DefaultPoolName, *spec, log)
 	}()
 	// Refused twice (so it did not give up after the first), and no pool.
 	for strings.Count(logs.String(), "refused by the test") < 2 {
@@ -134,8 +134,30 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 	if _, err := ds.IPPools.Create(ctx, mine, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ensureDefaultPool(ctx, ds, other, log)
+	ensureDefaultPool(ctx, ds, DefaultPoolName, other, log)
 	if _, err := ds.IPPools.Get(ctx, DefaultPoolName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a default pool next to the user's: %v, want NotFound", err)
+	}
+
+	// Per family, as calico-node: the user's IPv4 pool does not stop the
+	// default IPv6 pool, and a user's IPv6 pool does.
+	spec6, err := DefaultIPv6PoolSpec("fd00:10:244::/56", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ensureDefaultPool(ctx, ds, DefaultIPv6PoolName, *spec6, log)
+	if got, err := ds.IPPools.Get(ctx, DefaultIPv6PoolName, metav1.GetOptions{}); err != nil || got.Spec.CIDR != spec6.CIDR || got.Spec.NATOutgoing {
+		t.Errorf("the default IPv6 pool next to the user's IPv4 pool: %+v, %v", got, err)
+	}
+	if err := ds.IPPools.Delete(ctx, DefaultIPv6PoolName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mine6 := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "users-v6-pool"}, Spec: tabbyv1.IPPoolSpec{CIDR: "fd00:99::/56"}}
+	if _, err := ds.IPPools.Create(ctx, mine6, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ensureDefaultPool(ctx, ds, DefaultIPv6PoolName, *spec6, log)
+	if _, err := ds.IPPools.Get(ctx, DefaultIPv6PoolName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a default IPv6 pool next to the user's: %v, want NotFound", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -25,26 +26,128 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// nodeAddress finds this node's address with its subnet's prefix length:
-// configured (--node-ip) when given, else the first global address of the
-// interface holding the default route of that family, else the source
-// address the kernel picks towards the API server. It says how it found it.
-func nodeAddress(configured net.IP, apiServer string) (netip.Prefix, string, error) {
-	if configured != nil {
-		a, ok := netip.AddrFromSlice(configured)
-		if !ok {
-			return netip.Prefix{}, "", fmt.Errorf("--node-ip %s is not an IP address", configured)
+// ParseNodeIPs parses --node-ip: one address, or an IPv4 and an IPv6
+// address separated by a comma in either order ("v4,v6", as kubelet's
+// --node-ip takes them). "" is none: both families are detected.
+func ParseNodeIPs(s string) ([]netip.Addr, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("--node-ip %q: give one address, or an IPv4 and an IPv6 address separated by a comma", s)
+	}
+	var out []netip.Addr
+	for _, part := range parts {
+		a, err := netip.ParseAddr(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("--node-ip %q: %q is not an IP address", s, strings.TrimSpace(part))
 		}
 		a = a.Unmap()
-		p, err := prefixOfLocal(a)
+		if a.Zone() != "" || !a.IsGlobalUnicast() {
+			return nil, fmt.Errorf("--node-ip %q: %s is not a global unicast address (no loopback, link-local, multicast or unspecified address)", s, a)
+		}
+		if len(out) == 1 && out[0].Is4() == a.Is4() {
+			return nil, fmt.Errorf("--node-ip %q: two addresses of the same family; give at most one IPv4 and one IPv6 address", s)
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// nodeAddrs are the node's addresses, one per family, with their
+// subnet's prefix length (the zero Prefix for a family it has none of),
+// and how each was found.
+type nodeAddrs struct {
+	v4, v6     netip.Prefix
+	how4, how6 string
+	problem6   string // why no IPv6 address was found (IPv6 is optional)
+	problem4   string // why no IPv4 address was found
+}
+
+// nodeAddresses finds this node's addresses, per family: the configured
+// one (--node-ip); else the first global address of the interface that
+// holds that family's default route; else the source address the kernel
+// picks towards the API server, when the API server is of that family;
+// else, for IPv6 only, a global IPv6 address (not link-local, deprecated,
+// tentative or temporary) of the interface that holds the node's IPv4
+// address. That last step is tabby's decision, as Calico's first-found
+// and interface=<the IPv4 one> autodetection: a dual-stack node whose IPv6
+// default route is missing (routes by router advertisement not accepted,
+// or only a v4 default) still publishes the IPv6 address it plainly has.
+// It fails only when neither family has an address.
+func nodeAddresses(configured []netip.Addr, apiServer string) (nodeAddrs, error) {
+	var na nodeAddrs
+	var conf4, conf6 netip.Addr
+	for _, a := range configured {
+		if a.Is4() {
+			conf4 = a
+		} else {
+			conf6 = a
+		}
+	}
+	api, apiErr := sourceTowards(apiServer)
+	var err error
+	if na.v4, na.how4, err = familyAddress(netlink.FAMILY_V4, conf4, api, apiErr); err != nil {
+		if conf4.IsValid() {
+			return na, err
+		}
+		na.problem4 = err.Error()
+	}
+	if na.v6, na.how6, err = familyAddress(netlink.FAMILY_V6, conf6, api, apiErr); err != nil {
+		if conf6.IsValid() {
+			return na, err
+		}
+		na.problem6 = err.Error()
+		if na.v4.IsValid() {
+			if p, dev, err := sameLinkAddress(na.v4.Addr(), netlink.FAMILY_V6); err == nil {
+				na.v6, na.how6, na.problem6 = p, "a global IPv6 address of "+dev+", which holds the node's IPv4 address", ""
+			}
+		}
+	}
+	if !na.v4.IsValid() && !na.v6.IsValid() {
+		return na, fmt.Errorf("no address found: %s; and %s: pass --node-ip", na.problem4, na.problem6)
+	}
+	return na, nil
+}
+
+// familyAddress finds the node's address of one family (see
+// nodeAddresses): configured, else the default route's interface, else
+// api (the source address towards the API server) when it is of family.
+func familyAddress(family int, configured, api netip.Addr, apiErr error) (netip.Prefix, string, error) {
+	name := "IPv4"
+	if family == netlink.FAMILY_V6 {
+		name = "IPv6"
+	}
+	if configured.IsValid() {
+		p, err := prefixOfLocal(configured)
 		if err != nil {
-			return netip.Prefix{}, "", fmt.Errorf("--node-ip %s: %w", a, err)
+			return netip.Prefix{}, "", fmt.Errorf("--node-ip %s: %w", configured, err)
 		}
 		return p, "--node-ip", nil
 	}
-	if p, dev, err := defaultRouteAddress(netlink.FAMILY_V4); err == nil {
-		return p, "the address of " + dev + ", which holds the default route", nil
+	if p, dev, err := defaultRouteAddress(family); err == nil {
+		return p, "the address of " + dev + ", which holds the " + name + " default route", nil
 	}
+	switch {
+	case apiErr != nil:
+		return netip.Prefix{}, "", fmt.Errorf("no %s default route with a global address, and %w", name, apiErr)
+	case api.Is4() != (family == netlink.FAMILY_V4):
+		return netip.Prefix{}, "", fmt.Errorf("no %s default route with a global address, and the API server is not reached over %s", name, name)
+	case !api.IsGlobalUnicast():
+		return netip.Prefix{}, "", fmt.Errorf("no %s default route with a global address, and the API server is reached from %s, not a global address", name, api)
+	}
+	p, err := prefixOfLocal(api)
+	if err != nil {
+		return netip.Prefix{}, "", err
+	}
+	return p, "the source address towards the API server", nil
+}
+
+// sourceTowards returns the source address the kernel picks towards the
+// API server at apiServer (a URL or HOST[:PORT]). A UDP "connection"
+// sends nothing: it only asks the kernel for the route.
+func sourceTowards(apiServer string) (netip.Addr, error) {
 	host := apiServer
 	if u, err := url.Parse(apiServer); err == nil && u.Host != "" {
 		host = u.Host
@@ -52,19 +155,60 @@ func nodeAddress(configured net.IP, apiServer string) (netip.Prefix, string, err
 	if _, _, err := net.SplitHostPort(host); err != nil {
 		host = net.JoinHostPort(host, "443")
 	}
-	// A UDP "connection" sends nothing: it only asks the kernel for the
-	// source address it would use.
 	c, err := net.Dial("udp", host)
 	if err != nil {
-		return netip.Prefix{}, "", fmt.Errorf("no default route and no route to the API server at %s (%w): pass --node-ip", host, err)
+		return netip.Addr{}, fmt.Errorf("no route to the API server at %s (%w)", host, err)
 	}
-	local := c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
-	_ = c.Close()
-	p, err := prefixOfLocal(local)
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
+}
+
+// sameLinkAddress returns the first usable global address of family on the
+// link that holds the local address a, and the link's name.
+func sameLinkAddress(a netip.Addr, family int) (netip.Prefix, string, error) {
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return netip.Prefix{}, "", err
 	}
-	return p, "the source address towards the API server", nil
+	for _, link := range links {
+		addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
+		if err != nil {
+			continue
+		}
+		if !slices.ContainsFunc(addrs, func(ad netlink.Addr) bool { p, ok := prefixFromIPNet(ad.IPNet); return ok && p.Addr() == a }) {
+			continue
+		}
+		if p, ok := firstUsable(addrs, family); ok {
+			return p, link.Attrs().Name, nil
+		}
+		return netip.Prefix{}, "", fmt.Errorf("%s holds %s but no global address of the other family", link.Attrs().Name, a)
+	}
+	return netip.Prefix{}, "", fmt.Errorf("no interface holds %s", a)
+}
+
+// usableAddr says whether a node may publish an interface address: of
+// family, global (not link-local, loopback or multicast), of universe
+// scope, and not deprecated, tentative, failed duplicate detection or a
+// temporary (privacy) address, which the kernel replaces.
+func usableAddr(ad netlink.Addr, family int) (netip.Prefix, bool) {
+	p, ok := prefixFromIPNet(ad.IPNet)
+	if !ok || p.Addr().Is4() != (family == netlink.FAMILY_V4) || !p.Addr().IsGlobalUnicast() || ad.Scope != unix.RT_SCOPE_UNIVERSE {
+		return netip.Prefix{}, false
+	}
+	if ad.Flags&(unix.IFA_F_DEPRECATED|unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED|unix.IFA_F_TEMPORARY) != 0 {
+		return netip.Prefix{}, false
+	}
+	return p, true
+}
+
+// firstUsable returns the first usableAddr of family in addrs.
+func firstUsable(addrs []netlink.Addr, family int) (netip.Prefix, bool) {
+	for _, ad := range addrs {
+		if p, ok := usableAddr(ad, family); ok {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // prefixOfLocal returns a local address with the prefix length of the
@@ -98,27 +242,35 @@ func prefixFromIPNet(n *net.IPNet) (netip.Prefix, bool) {
 	return netip.PrefixFrom(a.Unmap(), ones), true
 }
 
-// defaultRouteAddress returns the first global address of the link that
-// holds the main table's default route of family, and the link's name.
+// defaultRouteAddress returns the first usable global address (usableAddr)
+// of the link that holds the main table's default route of family (each
+// link of a multipath one), and the link's name.
 func defaultRouteAddress(family int) (netip.Prefix, string, error) {
 	routes, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return netip.Prefix{}, "", err
 	}
 	for _, r := range routes {
-		if (r.Dst != nil && !isDefault(r.Dst)) || r.LinkIndex == 0 {
+		if r.Dst != nil && !isDefault(r.Dst) {
 			continue
 		}
-		link, err := netlink.LinkByIndex(r.LinkIndex)
-		if err != nil {
-			continue
+		links := []int{r.LinkIndex}
+		for _, nh := range r.MultiPath {
+			links = append(links, nh.LinkIndex)
 		}
-		addrs, err := netlinksafe.AddrList(link, family)
-		if err != nil {
-			continue
-		}
-		for _, ad := range addrs {
-			if p, ok := prefixFromIPNet(ad.IPNet); ok && p.Addr().IsGlobalUnicast() && ad.Scope == unix.RT_SCOPE_UNIVERSE {
+		for _, idx := range links {
+			if idx == 0 {
+				continue
+			}
+			link, err := netlink.LinkByIndex(idx)
+			if err != nil {
+				continue
+			}
+			addrs, err := netlinksafe.AddrList(link, family)
+			if err != nil {
+				continue
+			}
+			if p, ok := firstUsable(addrs, family); ok {
 				return p, link.Attrs().Name, nil
 			}
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -44,8 +43,9 @@ const (
 // routerConfig configures the routing loop.
 type routerConfig struct {
 	Node string
-	// NodeIP is --node-ip (nil: detected).
-	NodeIP net.IP
+	// NodeIPs are --node-ip: at most one address per family; the
+	// families not given are detected.
+	NodeIPs []netip.Addr
 	// Namespace holds the Secrets of BGP passwords.
 	Namespace string
 	// Resync and StartupHold: see DefaultResync and DefaultStartupHold.
@@ -159,14 +159,16 @@ func (r *router) run(ctx context.Context) {
 	}
 	r.setNotReady("this node's address is not known yet")
 	for {
-		p, how, err := nodeAddress(r.cfg.NodeIP, r.cfg.DS.Host())
+		na, err := nodeAddresses(r.cfg.NodeIPs, r.cfg.DS.Host())
 		if err == nil {
-			if p.Addr().Is4() {
-				r.addr4 = p
-			} else {
-				r.addr6 = p
+			r.addr4, r.addr6 = na.v4, na.v6
+			r.log.Info("node addresses", "ipv4", prefixString(na.v4), "ipv4From", na.how4, "ipv6", prefixString(na.v6), "ipv6From", na.how6)
+			if na.problem4 != "" {
+				r.log.Info("no IPv4 node address", "why", na.problem4)
 			}
-			r.log.Info("node address", "address", p.String(), "from", how)
+			if na.problem6 != "" {
+				r.log.Info("no IPv6 node address", "why", na.problem6)
+			}
 			break
 		}
 		r.setNotReady(err.Error())

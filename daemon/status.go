@@ -16,7 +16,7 @@ import (
 func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) *router {
 	r := newRouter(routerConfig{
 		Node:        cfg.NodeName,
-		NodeIP:      cfg.NodeIP,
+		NodeIPs:     cfg.NodeIPs,
 		Namespace:   cfg.Namespace,
 		Resync:      cfg.Resync,
 		StartupHold: cfg.StartupHold,

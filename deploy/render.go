@@ -55,6 +55,10 @@ var parts = []string{
 // PodCIDR replaces.
 const defaultPoolEnv = "- name: DEFAULT_IPV4_POOL_CIDR\n          value: "
 
+// defaultPool6Env is the same for --default-ipv6-pool-cidr, which
+// PodCIDRv6 sets (empty in the file: no default IPv6 pool).
+const defaultPool6Env = "- name: DEFAULT_IPV6_POOL_CIDR\n          value: "
+
 // RenderOptions change the placeholders of the default manifest, and add
 // what a cluster unlike the default needs. The zero value renders the
 // manifests as they are.
@@ -64,6 +68,10 @@ type RenderOptions struct {
 	// PodCIDR replaces DefaultPodCIDR as the cidr of the IPPool tabbyd
 	// creates when the cluster has none (empty: keep it). tabby.yaml only.
 	PodCIDR string
+	// PodCIDRv6 is the cidr of the IPv6 IPPool tabbyd creates when the
+	// cluster has no IPv6 pool (empty: none, as in the file). tabby.yaml
+	// only.
+	PodCIDRv6 string
 	// APIServer is the API server's address as nodes and pods reach it
 	// directly, HOST:PORT (an https:// in front is dropped). Empty: the
 	// kubernetes Service, through kube-proxy. Given, every tabby container
@@ -100,8 +108,14 @@ func (o RenderOptions) apiServerEnv() ([]envVar, error) {
 func Render(dir string, opts RenderOptions) ([]byte, error) {
 	if opts.PodCIDR != "" {
 		p, err := netip.ParsePrefix(opts.PodCIDR)
-		if err != nil || p != p.Masked() {
-			return nil, fmt.Errorf("pod CIDR %q is not a network in CIDR notation such as %s", opts.PodCIDR, DefaultPodCIDR)
+		if err != nil || p != p.Masked() || !p.Addr().Is4() {
+			return nil, fmt.Errorf("pod CIDR %q is not an IPv4 network in CIDR notation such as %s", opts.PodCIDR, DefaultPodCIDR)
+		}
+	}
+	if opts.PodCIDRv6 != "" {
+		p, err := netip.ParsePrefix(opts.PodCIDRv6)
+		if err != nil || p != p.Masked() || p.Addr().Is4() {
+			return nil, fmt.Errorf("IPv6 pod CIDR %q is not an IPv6 network in CIDR notation such as fd00:10:244::/56", opts.PodCIDRv6)
 		}
 	}
 	apiEnv, err := opts.apiServerEnv()
@@ -160,6 +174,12 @@ func Render(dir string, opts RenderOptions) ([]byte, error) {
 				}
 				text = strings.Replace(text, defaultPoolEnv+DefaultPodCIDR+"\n", defaultPoolEnv+opts.PodCIDR+"\n", 1)
 			}
+			if opts.PodCIDRv6 != "" {
+				if strings.Count(text, defaultPool6Env+"\"\"\n") != 1 {
+					return nil, fmt.Errorf("deploy/%s has not one %q to replace", rel, defaultPool6Env+`""`)
+				}
+				text = strings.Replace(text, defaultPool6Env+"\"\"\n", defaultPool6Env+opts.PodCIDRv6+"\n", 1)
+			}
 			if text, err = addEnv(text, "install-cni", installEnv); err != nil {
 				return nil, fmt.Errorf("deploy/%s: %w", rel, err)
 			}
@@ -178,8 +198,8 @@ const ExtenderManifest = "scheduler/extender.yaml"
 // RenderExtender renders deploy/scheduler/extender.yaml with opts' Image
 // and APIServer; with the zero options it is the file as it is.
 func RenderExtender(dir string, opts RenderOptions) ([]byte, error) {
-	if opts.PodCIDR != "" || opts.RuntimeCNIVersion != "" {
-		return nil, errors.New("the pod CIDR and the runtime's CNI version are tabby.yaml's, not the extender's")
+	if opts.PodCIDR != "" || opts.PodCIDRv6 != "" || opts.RuntimeCNIVersion != "" {
+		return nil, errors.New("the pod CIDRs and the runtime's CNI version are tabby.yaml's, not the extender's")
 	}
 	apiEnv, err := opts.apiServerEnv()
 	if err != nil {

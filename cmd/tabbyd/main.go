@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -31,9 +30,9 @@ import (
 
 func main() {
 	var cfg daemon.Config
-	var nodeIP, iptMode, poolCIDR, poolEncap string
+	var nodeIP, iptMode, poolCIDR, poolEncap, pool6CIDR string
 	var logFlags *logging.Flags
-	var poolBlockSize int
+	var poolBlockSize, pool6BlockSize int
 	cmd := &cobra.Command{
 		Use:     "tabbyd",
 		Short:   "tabby's node daemon: BGP, routes and NetworkPolicy for one node",
@@ -44,10 +43,8 @@ func main() {
 			if cfg.Log, err = logFlags.Logger(os.Stderr); err != nil {
 				return err
 			}
-			if nodeIP != "" {
-				if cfg.NodeIP = net.ParseIP(nodeIP); cfg.NodeIP == nil {
-					return fmt.Errorf("--node-ip %q is not an IP address", nodeIP)
-				}
+			if cfg.NodeIPs, err = daemon.ParseNodeIPs(nodeIP); err != nil {
+				return err
 			}
 			if cfg.IPAMGCGrace <= 0 || cfg.IPAMGCInterval <= 0 {
 				return fmt.Errorf("--ipam-gc-grace (%v) and --ipam-gc-interval (%v) must be positive; turn the collector off with --ipam-gc=false", cfg.IPAMGCGrace, cfg.IPAMGCInterval)
@@ -78,6 +75,11 @@ func main() {
 					return fmt.Errorf("the default IPv4 pool (--default-ipv4-pool-*): %w", err)
 				}
 			}
+			if pool6CIDR != "" {
+				if cfg.DefaultIPv6Pool, err = daemon.DefaultIPv6PoolSpec(pool6CIDR, pool6BlockSize); err != nil {
+					return fmt.Errorf("the default IPv6 pool (--default-ipv6-pool-*): %w", err)
+				}
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)
@@ -89,7 +91,7 @@ func main() {
 	f := cmd.Flags()
 	f.StringVar(&cfg.NodeName, "nodename", "", "name of this node (default: the host name)")
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
-	f.StringVar(&nodeIP, "node-ip", "", "this node's address for BGP and routes (default: detected)")
+	f.StringVar(&nodeIP, "node-ip", "", "this node's addresses for BGP and routes: one address, or an IPv4 and an IPv6 address separated by a comma (as kubelet's --node-ip); a family not given is detected (the default route's interface, then the source towards the API server, then for IPv6 a global address of the IPv4 address's interface)")
 	f.StringVar(&cfg.HealthListen, "health-listen", daemon.DefaultHealthListen, "address serving /healthz, /readyz, /status and /metrics, unauthenticated: keep it on the loopback (the DaemonSet's probes and tabbyctl node status ask 127.0.0.1:9099)")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", daemon.DefaultMetricsListen, "address serving /metrics alone, unauthenticated, for Prometheus to scrape from elsewhere (e.g. :9091); \"\" serves it only on --health-listen")
 	f.StringVar(&cfg.CNISocket, "cni-socket", agentapi.DefaultSocket, "unix socket serving the CNI plugins' IPAM (the CNI config's agentSocket); \"\" turns it off")
@@ -110,9 +112,11 @@ func main() {
 	f.IntVar(&cfg.PolicyLimits.Sets, policy.FlagMaxPolicySets, policy.DefaultMaxPolicySets, "most ipsets one NetworkPolicy's rules may name (both families)")
 	f.IntVar(&cfg.PolicyLimits.Rules, policy.FlagMaxRules, policy.DefaultMaxPolicyRules, "most iptables rules one NetworkPolicy may make (per family)")
 	f.StringVar(&iptMode, "iptables-backend", "", "iptables backend for NAT outgoing and NetworkPolicy: legacy or nft (default: the one the node's rules are in, as kube-proxy's wrapper detects it)")
-	f.StringVar(&poolCIDR, "default-ipv4-pool-cidr", "", "create the IPPool "+daemon.DefaultPoolName+" with this CIDR when the cluster has no IPPool (as calico-node's CALICO_IPV4POOL_CIDR); \"\" never creates one")
+	f.StringVar(&poolCIDR, "default-ipv4-pool-cidr", "", "create the IPPool "+daemon.DefaultPoolName+" with this CIDR when the cluster has no IPv4 IPPool (as calico-node's CALICO_IPV4POOL_CIDR); \"\" never creates one")
 	f.IntVar(&poolBlockSize, "default-ipv4-pool-block-size", 0, "block size of the default IPv4 pool (0: 26)")
 	f.StringVar(&poolEncap, "default-ipv4-pool-encapsulation", "None", "encapsulation of the default IPv4 pool: "+strings.Join(daemon.Encapsulations, ", "))
+	f.StringVar(&pool6CIDR, "default-ipv6-pool-cidr", "", "create the IPPool "+daemon.DefaultIPv6PoolName+" (routed natively, no NAT outgoing) with this CIDR when the cluster has no IPv6 IPPool (as calico-node's CALICO_IPV6POOL_CIDR); \"\" never creates one")
+	f.IntVar(&pool6BlockSize, "default-ipv6-pool-block-size", 0, "block size of the default IPv6 pool (0: 122)")
 	logFlags = logging.AddFlags(f)
 	if err := cmd.Execute(); err != nil {
 		exitError(cfg.Log, err)

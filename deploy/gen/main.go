@@ -4,7 +4,7 @@
 // pod network, the CNI version the nodes' container runtime speaks:
 //
 //	go run ./deploy/gen -dir deploy -image registry.example/tabby:v1 -pod-cidr 10.42.0.0/16 \
-//	    -apiserver 192.0.2.10:6443 -runtime-cni-version 1.0.0 -o -
+//	    -pod-cidr-v6 fd00:42::/56 -apiserver 192.0.2.10:6443 -runtime-cni-version 1.0.0 -o -
 //
 // With -extender it prints deploy/scheduler/extender.yaml instead, with
 // -image and -apiserver applied:
@@ -29,6 +29,7 @@ func main() {
 	var opts deploy.RenderOptions
 	flag.StringVar(&opts.Image, "image", "", "image instead of "+deploy.DefaultImage)
 	flag.StringVar(&opts.PodCIDR, "pod-cidr", "", "the default IPPool's cidr instead of "+deploy.DefaultPodCIDR)
+	flag.StringVar(&opts.PodCIDRv6, "pod-cidr-v6", "", "the default IPv6 IPPool's cidr on a dual-stack cluster (default: no IPv6 pool)")
 	flag.StringVar(&opts.APIServer, "apiserver", "", "the API server's HOST:PORT as nodes reach it directly (KUBERNETES_SERVICE_HOST and _PORT of tabby's containers; default: the kubernetes Service)")
 	flag.StringVar(&opts.RuntimeCNIVersion, "runtime-cni-version", "", "the newest CNI version the nodes' container runtime speaks, e.g. 1.0.0 for containerd 1.6 and 1.7 (install-cni's CNI_RUNTIME_MAX_VERSION; default: read off each Node)")
 	flag.Parse()
@@ -45,8 +46,8 @@ func run(dir, out string, extender bool, opts deploy.RenderOptions) error {
 	var data []byte
 	var err error
 	if extender {
-		if opts.PodCIDR != "" || opts.RuntimeCNIVersion != "" {
-			return errors.New("-pod-cidr and -runtime-cni-version apply to tabby.yaml, not to -extender")
+		if opts.PodCIDR != "" || opts.PodCIDRv6 != "" || opts.RuntimeCNIVersion != "" {
+			return errors.New("-pod-cidr, -pod-cidr-v6 and -runtime-cni-version apply to tabby.yaml, not to -extender")
 		}
 		data, err = deploy.RenderExtender(dir, opts)
 		if out == "" {

@@ -104,6 +104,22 @@ func TestRenderOptions(t *testing.T) {
 	if _, err := deploy.Render("..", deploy.RenderOptions{PodCIDR: "10.42.1.0/16"}); err == nil || !strings.Contains(err.Error(), "CIDR notation") {
 		t.Errorf("a CIDR with host bits: %v", err)
 	}
+	// The IPv6 pool's: none by default, set by PodCIDRv6.
+	if !strings.Contains(s, "- --default-ipv6-pool-cidr=$(DEFAULT_IPV6_POOL_CIDR)\n") || !strings.Contains(s, "- name: DEFAULT_IPV6_POOL_CIDR\n          value: \"\"\n") {
+		t.Errorf("tabbyd's --default-ipv6-pool-cidr is not empty by default")
+	}
+	out, err = deploy.Render("..", deploy.RenderOptions{PodCIDRv6: "fd00:42::/56"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "- name: DEFAULT_IPV6_POOL_CIDR\n          value: fd00:42::/56\n") {
+		t.Errorf("the IPv6 pod CIDR is not set")
+	}
+	for _, bad := range []deploy.RenderOptions{{PodCIDRv6: "10.42.0.0/16"}, {PodCIDR: "fd00:42::/56"}, {PodCIDRv6: "fd00:42::1/56"}} {
+		if _, err := deploy.Render("..", bad); err == nil || !strings.Contains(err.Error(), "CIDR notation") {
+			t.Errorf("%+v: %v, want an error", bad, err)
+		}
+	}
 }
 
 // workload finds the one object of kind and name in a manifest and
@@ -160,7 +176,7 @@ func TestRenderClusterOptions(t *testing.T) {
 	install, tabbyd := ds.Spec.Template.Spec.InitContainers[0], ds.Spec.Template.Spec.Containers[0]
 	// Their node and namespace from the downward API, and tabbyd's pool.
 	installEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)"}
-	tabbydEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)", "DEFAULT_IPV4_POOL_CIDR": deploy.DefaultPodCIDR}
+	tabbydEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)", "DEFAULT_IPV4_POOL_CIDR": deploy.DefaultPodCIDR, "DEFAULT_IPV6_POOL_CIDR": ""}
 	if e := envOf(install); !equalMaps(e, installEnv) {
 		t.Errorf("install-cni's env in the default manifest: %v, want %v", e, installEnv)
 	}
