@@ -129,6 +129,11 @@ type Options struct {
 	// AgentSocket is the plugin's "agentSocket", where tabbyd serves IPAM
 	// (empty: the plugin's default, /var/run/tabby/cni.sock).
 	AgentSocket string
+	// AssignIPv6 sets the plugin's ipam.assignIPv6: pods get an IPv6
+	// address next to their IPv4 one (dual-stack clusters; as Calico's
+	// assign_ipv6). False leaves the key out (the plugin's default, IPv4
+	// only).
+	AssignIPv6 bool
 
 	// RuntimeCNIVersion is the newest CNI version the node's container
 	// runtime speaks (such as 1.0.0): the conflist's cniVersion is never
@@ -597,7 +602,8 @@ func checkCA(data []byte) error {
 // conflist renders the network config list in CNI version version.
 func (o Options) conflist(version string) ([]byte, error) {
 	type ipam struct {
-		Type string `json:"type"`
+		Type       string `json:"type"`
+		AssignIPv6 bool   `json:"assignIPv6,omitempty"`
 	}
 	type tabby struct {
 		Type        string `json:"type"`
@@ -617,7 +623,7 @@ func (o Options) conflist(version string) ([]byte, error) {
 		LogLevel:    o.CNILogLevel,
 		LogFormat:   o.CNILogFormat,
 		AgentSocket: o.AgentSocket,
-		IPAM:        ipam{Type: "tabby-ipam"},
+		IPAM:        ipam{Type: "tabby-ipam", AssignIPv6: o.AssignIPv6},
 	}}
 	type portmap struct {
 		Type         string          `json:"type"`

@@ -261,6 +261,38 @@ func TestFreshInstall(t *testing.T) {
 	}
 }
 
+// TestAssignIPv6: the dual-stack setting reaches the plugin, which then
+// assigns both families; without it the plugin assigns IPv4 only.
+func TestAssignIPv6(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		e := newEnv(t)
+		o := e.opts()
+		o.AssignIPv6 = v6
+		e.install(o)
+		raw, err := os.ReadFile(e.conflist)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, err := libcni.ConfListFromBytes(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conf map[string]any
+		if err := json.Unmarshal(list.Plugins[0].Bytes, &conf); err != nil {
+			t.Fatal(err)
+		}
+		conf["name"], conf["cniVersion"] = list.Name, list.CNIVersion
+		one, _ := json.Marshal(conf)
+		pc, err := plugin.LoadConfig(one)
+		if err != nil {
+			t.Fatalf("the tabby plugin refuses its config: %v\n%s", err, one)
+		}
+		if !pc.IPv4 || pc.IPv6 != v6 {
+			t.Errorf("AssignIPv6 %v: the plugin assigns IPv4 %v, IPv6 %v:\n%s", v6, pc.IPv4, pc.IPv6, raw)
+		}
+	}
+}
+
 func TestSecondRunChangesNothing(t *testing.T) {
 	e := newEnv(t)
 	e.install(e.opts())

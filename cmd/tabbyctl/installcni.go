@@ -126,6 +126,7 @@ func addInstallCNIFlags(cmd *cobra.Command, o *installcni.Options) {
 		"the node's container runtime as its Node reports it, such as containerd://1.6.20 (default: read from the Node)")
 	f.StringVar(&o.CNILogLevel, "cni-log-level", "", "the plugin's logLevel in the conflist: debug, info, warn, error (default: silent)")
 	f.StringVar(&o.CNILogFormat, "cni-log-format", "", "the plugin's logFormat in the conflist: text or json (default: the plugin's, text)")
+	f.BoolVar(&o.AssignIPv6, "assign-ipv6", false, "pods get an IPv6 address too (the conflist's ipam.assignIPv6, for dual-stack clusters; the cluster needs an IPv6 IPPool)")
 	f.StringVar(&o.AgentSocket, "agent-socket", "", "the plugin's agentSocket in the conflist: where tabbyd serves IPAM (default: the plugin's, /var/run/tabby/cni.sock)")
 	f.StringVar(&o.APIServer, "apiserver", "", "the API server's URL as the node reaches it (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
 	f.StringVar(&o.TokenFile, "token-file", installcni.DefaultTokenFile, "this pod's service-account token, which mints the CNI plugin's (or, with --cni-service-account=\"\", is the plugin's own)")
