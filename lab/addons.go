@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -42,6 +41,8 @@ const (
 // addonValues fill the add-ons' manifests.
 type addonValues struct {
 	APIServer, ClusterCIDR, ClusterDomain, ClusterDNS, Image string
+	// DualStack makes kube-dns a dual-stack Service.
+	DualStack bool
 }
 
 // renderAddon fills manifests/name with v.
@@ -96,6 +97,12 @@ func installAddons(ctx context.Context, s *State) error {
 	if v.ClusterCIDR == "" {
 		v.ClusterCIDR = DefaultPodCIDR
 	}
+	if s.DualStack {
+		// kube-proxy runs both families when the node has both
+		// addresses; clusterCIDR tells it the pods' range in each.
+		v.ClusterCIDR += "," + s.IPv6PodCIDR
+		v.DualStack = true
+	}
 	for _, a := range []struct{ file, image string }{
 		{"kube-proxy.yaml", KubeProxyImage},
 		{"coredns.yaml", CoreDNSImage},
@@ -121,25 +128,33 @@ func installTabby(ctx context.Context, s *State, image string, tabbydArgs []stri
 	if err != nil {
 		return fmt.Errorf("rendering deploy/tabby.yaml: %w", err)
 	}
+	args := map[string][]string{"tabbyd": slices.Clone(tabbydArgs)}
 	switch {
 	case s.PodCIDR == "":
 		// No default pool: a later flag wins.
-		tabbydArgs = append(slices.Clone(tabbydArgs), "--default-ipv4-pool-cidr=")
+		args["tabbyd"] = append(args["tabbyd"], "--default-ipv4-pool-cidr=")
 	case s.Subnets > 1:
 		// Nodes on other subnets cannot route pods natively.
-		tabbydArgs = append(slices.Clone(tabbydArgs), "--default-ipv4-pool-encapsulation=VXLANCrossSubnet")
+		args["tabbyd"] = append(args["tabbyd"], "--default-ipv4-pool-encapsulation=VXLANCrossSubnet")
 	}
-	if len(tabbydArgs) > 0 {
-		if m, err = withTabbydArgs(m, tabbydArgs); err != nil {
+	if s.DualStack {
+		// The CNI config asks for both families, and the first tabbyd
+		// makes the IPv6 pool next to the IPv4 one, as calico-node does
+		// with CALICO_IPV6POOL_CIDR.
+		args["install-cni"] = []string{"--assign-ipv6"}
+		args["tabbyd"] = append(args["tabbyd"], "--default-ipv6-pool-cidr="+s.IPv6PodCIDR)
+	}
+	if len(args["tabbyd"])+len(args["install-cni"]) > 0 {
+		if m, err = withContainerArgs(m, args); err != nil {
 			return err
 		}
 	}
 	return s.apply(ctx, "tabby.yaml", m)
 }
 
-// withTabbydArgs adds args to the tabbyd container's in a rendered
-// tabby.yaml.
-func withTabbydArgs(m []byte, tabbydArgs []string) ([]byte, error) {
+// withContainerArgs adds args[name] to the args of the container (or init
+// container) name of the DaemonSet in a rendered tabby.yaml.
+func withContainerArgs(m []byte, args map[string][]string) ([]byte, error) {
 	objs, err := deploy.Objects(m)
 	if err != nil {
 		return nil, err
@@ -147,23 +162,7 @@ func withTabbydArgs(m []byte, tabbydArgs []string) ([]byte, error) {
 	var out bytes.Buffer
 	for _, o := range objs {
 		if o.GetKind() == "DaemonSet" {
-			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-			found := false
-			for _, c := range containers {
-				cm, ok := c.(map[string]any)
-				if !ok || cm["name"] != "tabbyd" {
-					continue
-				}
-				args, _ := cm["args"].([]any)
-				for _, a := range tabbydArgs {
-					args = append(args, a)
-				}
-				cm["args"], found = args, true
-			}
-			if !found {
-				return nil, errors.New("deploy/tabby.yaml's DaemonSet has no container named tabbyd")
-			}
-			if err := unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+			if err := addContainerArgs(o, args); err != nil {
 				return nil, err
 			}
 		}
@@ -176,6 +175,39 @@ func withTabbydArgs(m []byte, tabbydArgs []string) ([]byte, error) {
 		out.WriteString("\n")
 	}
 	return out.Bytes(), nil
+}
+
+// addContainerArgs adds args[name] to the args of the containers and init
+// containers named name in the DaemonSet ds.
+func addContainerArgs(ds *unstructured.Unstructured, args map[string][]string) error {
+	found := map[string]bool{}
+	for _, field := range []string{"initContainers", "containers"} {
+		containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", field)
+		if containers == nil {
+			continue
+		}
+		for _, c := range containers {
+			cm, ok := c.(map[string]any)
+			name, _ := cm["name"].(string)
+			if !ok || args[name] == nil {
+				continue
+			}
+			have, _ := cm["args"].([]any)
+			for _, a := range args[name] {
+				have = append(have, a)
+			}
+			cm["args"], found[name] = have, true
+		}
+		if err := unstructured.SetNestedSlice(ds.Object, containers, "spec", "template", "spec", field); err != nil {
+			return err
+		}
+	}
+	for name, a := range args {
+		if len(a) > 0 && !found[name] {
+			return fmt.Errorf("deploy/tabby.yaml's DaemonSet has no container named %s", name)
+		}
+	}
+	return nil
 }
 
 // waitDaemonSet waits until the DaemonSet runs an up-to-date, ready pod on

@@ -36,16 +36,23 @@ type controlPlane struct {
 // (kubelets), a client certificate of its own for the kubelets' API (exec,
 // logs, port-forward) by their InternalIP (no DNS for node names here),
 // NodeRestriction for the kubelets' writes, and the kubernetes Service's
-// endpoints kept at its address (pods reach it through kube-proxy).
-func apiServerArgs(ca *labCA, kubeletClientCert, kubeletClientKey string) []string {
-	return []string{
+// endpoints kept at its address (pods reach it through kube-proxy). A
+// dual-stack lab's Services get an IPv6 range next to the IPv4 one (IPv4
+// first: the primary family, of single-stack Services and of kubernetes
+// itself); a later flag wins over internal/controlplane's.
+func apiServerArgs(s *State, ca *labCA, kubeletClientCert, kubeletClientKey string) []string {
+	var dual []string
+	if s.DualStack {
+		dual = []string{"--service-cluster-ip-range", controlplane.ServiceClusterIPRange + "," + ServiceCIDR6}
+	}
+	return append([]string{
 		"--client-ca-file", ca.CertFile,
 		"--kubelet-client-certificate", kubeletClientCert,
 		"--kubelet-client-key", kubeletClientKey,
 		"--kubelet-preferred-address-types", "InternalIP,Hostname",
 		"--enable-admission-plugins", "NodeRestriction",
 		"--endpoint-reconciler-type", "lease",
-	}
+	}, dual...)
 }
 
 // startControlPlane makes the control-plane namespace on subnet 0, starts
@@ -58,7 +65,7 @@ func apiServerArgs(ca *labCA, kubeletClientCert, kubeletClientKey string) []stri
 // pods need.
 func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *labCA, tabbyImage string) (*controlPlane, error) {
 	nsName := l.ControlPlaneNS()
-	if err := buildHost(s, l, nsName, "cp", 0, ControlPlaneAddr()); err != nil {
+	if err := buildHost(s, l, nsName, "cp", 0, ControlPlaneAddr(), ControlPlaneAddr6()); err != nil {
 		return nil, err
 	}
 	if err := routePodsFromControlPlane(s, nsName); err != nil {
@@ -88,7 +95,7 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *
 		Address:            ControlPlaneAddr().Addr().String(),
 		APIServerPort:      APIServerPort,
 		Detach:             true,
-		ExtraAPIServerArgs: apiServerArgs(ca, cert, key),
+		ExtraAPIServerArgs: apiServerArgs(s, ca, cert, key),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)
@@ -148,20 +155,32 @@ func startControlPlane(ctx context.Context, s *State, l Layout, o *Options, ca *
 	return cp, nil
 }
 
-// routePodsFromControlPlane routes the default pool's addresses from the
-// control-plane namespace through the nodes on its subnet (one multipath
-// route; each node forwards to the pod's node by what BGP taught it), as
-// the control plane of a cluster kubeadm made sits on the pod network: the
-// API server dials pods for the proxy subresources of pods and Services
-// (kubectl proxy, the e2e suites' DNS and Proxy specs). Pools added later
-// are not routed so.
+// routePodsFromControlPlane routes the default pools' addresses (IPv4,
+// and IPv6 in a dual-stack lab) from the control-plane namespace through
+// the nodes on its subnet (one multipath route per family; each node
+// forwards to the pod's node by what BGP taught it), as the control plane
+// of a cluster kubeadm made sits on the pod network: the API server dials
+// pods for the proxy subresources of pods and Services (kubectl proxy, the
+// e2e suites' DNS and Proxy specs). Pools added later are not routed so.
 func routePodsFromControlPlane(s *State, nsName string) error {
 	if s.PodCIDR == "" {
 		return nil
 	}
-	dst, err := netip.ParsePrefix(s.PodCIDR)
+	if err := routePoolFromControlPlane(s, nsName, s.PodCIDR, (*Node).IP); err != nil {
+		return err
+	}
+	if !s.DualStack || s.IPv6PodCIDR == "" {
+		return nil
+	}
+	return routePoolFromControlPlane(s, nsName, s.IPv6PodCIDR, (*Node).IP6)
+}
+
+// routePoolFromControlPlane routes cidr from the control-plane namespace
+// through the nodes on its subnet, at the addresses via gives.
+func routePoolFromControlPlane(s *State, nsName, cidr string, via func(*Node) string) error {
+	dst, err := netip.ParsePrefix(cidr)
 	if err != nil {
-		return fmt.Errorf("the pod CIDR %q: %w", s.PodCIDR, err)
+		return fmt.Errorf("the pod CIDR %q: %w", cidr, err)
 	}
 	return withLinks(nsName, func(h *netlink.Handle) error {
 		eth, err := h.LinkByName("eth0")
@@ -169,9 +188,9 @@ func routePodsFromControlPlane(s *State, nsName string) error {
 			return err
 		}
 		var hops []*netlink.NexthopInfo
-		for _, n := range s.Nodes {
-			if n.Subnet == 0 {
-				hops = append(hops, &netlink.NexthopInfo{LinkIndex: eth.Attrs().Index, Gw: net.ParseIP(n.IP())})
+		for i := range s.Nodes {
+			if n := &s.Nodes[i]; n.Subnet == 0 {
+				hops = append(hops, &netlink.NexthopInfo{LinkIndex: eth.Attrs().Index, Gw: net.ParseIP(via(n))})
 			}
 		}
 		if len(hops) == 0 {

@@ -52,10 +52,16 @@ func extenderURL() string {
 // its caches are synced). It returns its URL.
 func startExtender(ctx context.Context, s *State, c *controlplane.Cluster, path string) (string, error) {
 	url := extenderURL()
-	p, err := c.StartProcess(path,
+	args := []string{
 		"--kubeconfig", s.ControlPlane.Kubeconfig,
 		"--listen", strings.TrimPrefix(url, "http://"),
-		"--tabbyd-namespace", tabbyNamespace)
+		"--tabbyd-namespace", tabbyNamespace,
+	}
+	if s.DualStack {
+		// Pods get an IPv6 address too: a node needs room in both.
+		args = append(args, "--ipv6")
+	}
+	p, err := c.StartProcess(path, args...)
 	if err != nil {
 		return "", fmt.Errorf("starting %s: %w", ExtenderName, err)
 	}

@@ -47,6 +47,12 @@ const (
 	DefaultPodCIDR = "10.244.0.0/16"
 	// DefaultPoolName is the default IPPool's name.
 	DefaultPoolName = "default-ipv4"
+	// DefaultIPv6PodCIDR is the default IPv6 IPPool's range in a
+	// dual-stack lab (kind's and kubeadm's example, a ULA).
+	DefaultIPv6PodCIDR = "fd00:10:244::/56"
+	// ServiceCIDR6 is the Services' IPv6 range in a dual-stack lab, next
+	// to the IPv4 one (controlplane.ServiceClusterIPRange).
+	ServiceCIDR6 = "fd00:10:96::/108"
 	// APIServerPort is the API server's port on the underlay.
 	APIServerPort = 6443
 	// TabbydHealthPort is where tabbyd serves /healthz and /readyz
@@ -126,6 +132,26 @@ func Bridge(s int) string { return "br" + strconv.Itoa(s) }
 func Subnet(s int) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(77 + s), 0, 0}), 24)
 }
+
+// Subnet6 is subnet s's IPv6 prefix in a dual-stack lab, a ULA that
+// spells the IPv4 subnet: fd00:10:77::/64, fd00:10:78::/64.
+func Subnet6(s int) netip.Prefix { return hostAddr6(s, 0).Masked() }
+
+// hostAddr6 is host h of subnet s, IPv6, with the subnet's prefix length:
+// the groups read as the IPv4 address does (10.77.0.11 is fd00:10:77::11).
+func hostAddr6(s, h int) netip.Prefix {
+	return netip.MustParsePrefix(fmt.Sprintf("fd00:10:%d::%d/64", 77+s, h))
+}
+
+// Gateway6 is the router's IPv6 address on subnet s.
+func Gateway6(s int) netip.Prefix { return hostAddr6(s, 1) }
+
+// ControlPlaneAddr6 is the control plane's IPv6 address (on subnet 0).
+func ControlPlaneAddr6() netip.Prefix { return hostAddr6(0, 2) }
+
+// NodeAddr6 is node i's IPv6 address on eth0 in a dual-stack lab
+// (fd00:10:77::11/64 for node1).
+func (l Layout) NodeAddr6(i int) netip.Prefix { return hostAddr6(l.NodeSubnet(i), 10+i) }
 
 // hostAddr is host h of subnet s with the subnet's prefix length.
 func hostAddr(s, h int) netip.Prefix {

@@ -26,6 +26,12 @@ func TestLayout(t *testing.T) {
 		{l.NodeAddr(2).String(), "10.78.0.12/24"},
 		{l.NodeAddr(3).String(), "10.77.0.13/24"},
 		{Layout{Name: "x", Nodes: 200, Subnets: 1}.NodeAddr(200).String(), "10.77.0.210/24"},
+		// Dual-stack: the IPv6 address spells the IPv4 one.
+		{Subnet6(1).String(), "fd00:10:78::/64"},
+		{Gateway6(1).String(), "fd00:10:78::1/64"},
+		{ControlPlaneAddr6().String(), "fd00:10:77::2/64"},
+		{l.NodeAddr6(2).String(), "fd00:10:78::12/64"},
+		{Layout{Name: "x", Nodes: 200, Subnets: 1}.NodeAddr6(200).String(), "fd00:10:77::210/64"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %s, want %s", tc.got, tc.want)
@@ -34,6 +40,9 @@ func TestLayout(t *testing.T) {
 	for i := 1; i <= l.Nodes; i++ {
 		if !Subnet(l.NodeSubnet(i)).Contains(l.NodeAddr(i).Addr()) {
 			t.Errorf("node %d: %s is not in its subnet %s", i, l.NodeAddr(i), Subnet(l.NodeSubnet(i)))
+		}
+		if !Subnet6(l.NodeSubnet(i)).Contains(l.NodeAddr6(i).Addr()) {
+			t.Errorf("node %d: %s is not in its subnet %s", i, l.NodeAddr6(i), Subnet6(l.NodeSubnet(i)))
 		}
 		if l.NodeAddr(i).Addr() == Gateway(l.NodeSubnet(i)).Addr() || l.NodeAddr(i).Addr() == ControlPlaneAddr().Addr() {
 			t.Errorf("node %d's address %s is taken", i, l.NodeAddr(i))

@@ -101,9 +101,10 @@ func setSysctl(name, key, value string) error {
 
 // attach connects the namespace inner to bridge br of the underlay
 // namespace: a veth pair whose end outer (in the underlay, a port of br)
-// faces eth in inner, which gets addr and, when gw is valid, a default
-// route through it.
-func attach(underlay, br, outer, inner, eth string, addr, gw netip.Prefix) error {
+// faces eth in inner, which gets addrs (an IPv4 one, and an IPv6 one in
+// a dual-stack lab) and a default route through each of gws (one per
+// family; none for the router).
+func attach(underlay, br, outer, inner, eth string, addrs, gws []netip.Prefix) error {
 	innerNS, err := netns.GetFromPath(NetNSPath(inner))
 	if err != nil {
 		return fmt.Errorf("opening network namespace %s: %w", inner, err)
@@ -139,19 +140,26 @@ func attach(underlay, br, outer, inner, eth string, addr, gw netip.Prefix) error
 		if err != nil {
 			return fmt.Errorf("finding %s in %s: %w", eth, inner, err)
 		}
-		a := &netlink.Addr{IPNet: prefixIPNet(addr)}
-		if err := h.AddrAdd(l, a); err != nil {
-			return fmt.Errorf("adding %s to %s in %s: %w", addr, eth, inner, err)
+		for _, addr := range addrs {
+			a := &netlink.Addr{IPNet: prefixIPNet(addr)}
+			if addr.Addr().Is6() {
+				// No duplicate address detection: the lab picks unique
+				// addresses, and a tentative address would delay the
+				// node's first IPv6 packets by a second or two.
+				a.Flags = unix.IFA_F_NODAD
+			}
+			if err := h.AddrAdd(l, a); err != nil {
+				return fmt.Errorf("adding %s to %s in %s: %w", addr, eth, inner, err)
+			}
 		}
 		if err := h.LinkSetUp(l); err != nil {
 			return fmt.Errorf("bringing %s up in %s: %w", eth, inner, err)
 		}
-		if !gw.IsValid() {
-			return nil
-		}
-		route := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(gw.Addr().AsSlice())}
-		if err := h.RouteAdd(route); err != nil {
-			return fmt.Errorf("adding the default route via %s in %s: %w", gw.Addr(), inner, err)
+		for _, gw := range gws {
+			route := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.IP(gw.Addr().AsSlice())}
+			if err := h.RouteAdd(route); err != nil {
+				return fmt.Errorf("adding the default route via %s in %s: %w", gw.Addr(), inner, err)
+			}
 		}
 		return nil
 	})
@@ -171,8 +179,9 @@ func (s *State) addNamespace(name string) error {
 }
 
 // buildUnderlay makes the underlay namespace with one bridge per subnet
-// and the router namespace with the gateway address of each subnet,
-// forwarding between them and routing nowhere else.
+// and the router namespace with the gateway address of each subnet (both
+// families in a dual-stack lab), forwarding between them and routing
+// nowhere else.
 func buildUnderlay(s *State, l Layout) error {
 	if err := s.addNamespace(l.UnderlayNS()); err != nil {
 		return err
@@ -195,25 +204,46 @@ func buildUnderlay(s *State, l Layout) error {
 	if err := s.addNamespace(l.RouterNS()); err != nil {
 		return err
 	}
-	if err := setSysctl(l.RouterNS(), "net/ipv4/ip_forward", "1"); err != nil {
+	if err := setForwarding(l.RouterNS(), s.DualStack); err != nil {
 		return err
 	}
 	for sn := range l.Subnets {
 		eth := fmt.Sprintf("eth%d", sn)
-		if err := attach(l.UnderlayNS(), Bridge(sn), "router"+eth, l.RouterNS(), eth, Gateway(sn), netip.Prefix{}); err != nil {
+		gw := []netip.Prefix{Gateway(sn)}
+		if s.DualStack {
+			gw = append(gw, Gateway6(sn))
+		}
+		if err := attach(l.UnderlayNS(), Bridge(sn), "router"+eth, l.RouterNS(), eth, gw, nil); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// setForwarding turns IPv4 forwarding on in the named namespace, and
+// IPv6 forwarding too when v6.
+func setForwarding(name string, v6 bool) error {
+	if err := setSysctl(name, "net/ipv4/ip_forward", "1"); err != nil {
+		return err
+	}
+	if !v6 {
+		return nil
+	}
+	return setSysctl(name, "net/ipv6/conf/all/forwarding", "1")
+}
+
 // buildHost makes a namespace on subnet sn of the underlay: eth0 with
-// addr and a default route through the router.
-func buildHost(s *State, l Layout, name, port string, sn int, addr netip.Prefix) error {
+// addr (and addr6 in a dual-stack lab) and a default route through the
+// router in each family.
+func buildHost(s *State, l Layout, name, port string, sn int, addr, addr6 netip.Prefix) error {
 	if err := s.addNamespace(name); err != nil {
 		return err
 	}
-	return attach(l.UnderlayNS(), Bridge(sn), port, name, "eth0", addr, Gateway(sn))
+	addrs, gws := []netip.Prefix{addr}, []netip.Prefix{Gateway(sn)}
+	if s.DualStack {
+		addrs, gws = append(addrs, addr6), append(gws, Gateway6(sn))
+	}
+	return attach(l.UnderlayNS(), Bridge(sn), port, name, "eth0", addrs, gws)
 }
 
 // dialInNetNS dials address from inside the named namespace.

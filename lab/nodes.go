@@ -19,7 +19,8 @@ import (
 )
 
 // buildNode makes node i's network namespace (eth0 on its subnet's bridge,
-// a default route through the router, IP forwarding on), the sources of
+// a default route through the router, IP forwarding on; an IPv6 address,
+// default route and forwarding too in a dual-stack lab), the sources of
 // its private mounts and its cgroup root.
 func buildNode(s *State, l Layout, i int, runtime string) error {
 	name := NodeName(i)
@@ -35,16 +36,19 @@ func buildNode(s *State, l Layout, i int, runtime string) error {
 		Runtime:    runtime,
 		CgroupRoot: cgroupRootName(s.Name, name),
 	}
+	if s.DualStack {
+		n.Address6 = l.NodeAddr6(i).String()
+	}
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 		return err
 	}
 	if err := s.update(func(s *State) { s.Nodes = append(s.Nodes, n) }); err != nil {
 		return err
 	}
-	if err := buildHost(s, l, nsName, name, sn, addr); err != nil {
+	if err := buildHost(s, l, nsName, name, sn, addr, l.NodeAddr6(i)); err != nil {
 		return err
 	}
-	if err := setSysctl(nsName, "net/ipv4/ip_forward", "1"); err != nil {
+	if err := setForwarding(nsName, s.DualStack); err != nil {
 		return err
 	}
 	// The control plane reaches pods through any node on its subnet (see
@@ -146,7 +150,7 @@ func startKubelet(s *State, n *Node) error {
 			"--config", f.kubeletConfig,
 			"--kubeconfig", f.kubeconfig,
 			"--hostname-override", n.Name,
-			"--node-ip", n.IP(),
+			"--node-ip", n.NodeIPs(),
 			"--v", "1",
 		},
 		env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},

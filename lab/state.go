@@ -31,6 +31,11 @@ type State struct {
 	Ready   bool   `json:"ready"`
 	Subnets int    `json:"subnets"`
 	PodCIDR string `json:"podCIDR,omitempty"`
+	// DualStack says the lab runs IPv4 and IPv6 (lab up --dual-stack):
+	// nodes, Services and pods have both; IPv6PodCIDR is the default IPv6
+	// IPPool's range.
+	DualStack   bool   `json:"dualStack,omitempty"`
+	IPv6PodCIDR string `json:"ipv6PodCIDR,omitempty"`
 	// CreatedDir says Up created Dir (Down removes it; otherwise only its
 	// contents).
 	CreatedDir bool `json:"createdDir"`
@@ -110,6 +115,9 @@ type Node struct {
 	Address string `json:"address"`
 	Gateway string `json:"gateway"`
 	Subnet  int    `json:"subnet"`
+	// Address6 is eth0's IPv6 address with its prefix length in a
+	// dual-stack lab ("" otherwise).
+	Address6 string `json:"address6,omitempty"`
 	// Dir holds the node's files: configuration, credentials, logs, and
 	// under fs/ what the node keeps at the paths of nodeMounts.
 	Dir string `json:"dir"`
@@ -127,6 +135,22 @@ type Node struct {
 func (n *Node) IP() string {
 	ip, _, _ := strings.Cut(n.Address, "/")
 	return ip
+}
+
+// IP6 is the node's IPv6 address without prefix length ("" when the lab
+// is not dual-stack).
+func (n *Node) IP6() string {
+	ip, _, _ := strings.Cut(n.Address6, "/")
+	return ip
+}
+
+// NodeIPs is the kubelet's --node-ip: the IPv4 address, and the IPv6 one
+// after it in a dual-stack lab (IPv4 is the primary family).
+func (n *Node) NodeIPs() string {
+	if n.Address6 == "" {
+		return n.IP()
+	}
+	return n.IP() + "," + n.IP6()
 }
 
 // Node returns the node named name.

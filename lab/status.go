@@ -61,6 +61,7 @@ type NodeReport struct {
 	Name       string     `json:"name"`
 	NetNS      string     `json:"netns"`
 	Address    string     `json:"address"`
+	Address6   string     `json:"address6,omitempty"`
 	Subnet     int        `json:"subnet"`
 	Runtime    string     `json:"runtime"`
 	Containerd ProcReport `json:"containerd"`
@@ -104,7 +105,7 @@ func Inspect(ctx context.Context, s *State) *Report {
 	var wg sync.WaitGroup
 	for i := range s.Nodes {
 		n := &s.Nodes[i]
-		r.Nodes[i] = NodeReport{Name: n.Name, NetNS: n.NetNS, Address: n.Address, Subnet: n.Subnet,
+		r.Nodes[i] = NodeReport{Name: n.Name, NetNS: n.NetNS, Address: n.Address, Address6: n.Address6, Subnet: n.Subnet,
 			Runtime: n.Runtime, Containerd: procReport(n.Containerd), Kubelet: procReport(n.Kubelet)}
 		wg.Go(func() {
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -239,7 +240,11 @@ func (r *Report) Write(w io.Writer, wide bool) {
 	fmt.Fprintln(tw, "\tCONTAINERD\tKUBELET\tTABBY-NODE POD\tNODE READY\tTABBYD /READYZ\tPODS")
 	for _, n := range r.Nodes {
 		readyz := oneLine(n.Readyz)
-		fmt.Fprintf(tw, "%s\t%s\t%s", n.Name, n.NetNS, n.Address)
+		addr := n.Address
+		if n.Address6 != "" {
+			addr += "," + n.Address6
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s", n.Name, n.NetNS, addr)
 		if wide {
 			readyz = strings.Join(strings.Fields(n.Readyz), " ")
 			fmt.Fprintf(tw, "\t%d\t%s", n.Subnet, orDefault(n.Runtime, "-"))

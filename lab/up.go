@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -35,6 +36,14 @@ type Options struct {
 	Runtime string
 	// PodCIDR is the default IPPool's range ("" for no pool).
 	PodCIDR string
+	// DualStack makes an IPv4/IPv6 dual-stack lab: nodes, the control
+	// plane and the router get an IPv6 address (a ULA) next to their IPv4
+	// one, Services a range of each family, pods an address of each from
+	// the default pools (IPv6PodCIDR, default DefaultIPv6PodCIDR, next to
+	// PodCIDR, which it needs). No IPv6-only lab: IPv4 stays the primary
+	// family.
+	DualStack   bool
+	IPv6PodCIDR string
 	// Tabbyctl is the path of tabbyctl (it holds the nodes' mount
 	// namespaces and runs the forward); required.
 	Tabbyctl string
@@ -96,6 +105,9 @@ func (o *Options) defaults() error {
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 3 * time.Minute
 	}
+	if err := o.dualStackDefaults(); err != nil {
+		return err
+	}
 	if err := (Layout{Name: o.Name, Nodes: o.Nodes, Subnets: o.Subnets}).Check(); err != nil {
 		return err
 	}
@@ -118,6 +130,30 @@ func (o *Options) defaults() error {
 	}
 	if _, err := os.Stat(filepath.Join(o.RepoRoot, SchedulerConfigFile)); err != nil {
 		return fmt.Errorf("the tabby repository at %q lacks %s (kube-scheduler runs with it): %w", o.RepoRoot, SchedulerConfigFile, err)
+	}
+	return nil
+}
+
+// dualStackDefaults checks and defaults the dual-stack options.
+func (o *Options) dualStackDefaults() error {
+	if !o.DualStack {
+		if o.IPv6PodCIDR != "" {
+			return fmt.Errorf("an IPv6 pod CIDR (%s) needs a dual-stack lab: add --dual-stack", o.IPv6PodCIDR)
+		}
+		return nil
+	}
+	if o.PodCIDR == "" {
+		return errors.New("a dual-stack lab needs its IPv4 pool too (IPv4 is the primary family): drop --pod-cidr \"\" or --dual-stack")
+	}
+	if o.IPv6PodCIDR == "" {
+		o.IPv6PodCIDR = DefaultIPv6PodCIDR
+	}
+	p, err := netip.ParsePrefix(o.IPv6PodCIDR)
+	if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p != p.Masked() {
+		return fmt.Errorf("IPv6 pod CIDR %q is not an IPv6 network in CIDR notation such as %s", o.IPv6PodCIDR, DefaultIPv6PodCIDR)
+	}
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		return errors.New("a dual-stack lab needs IPv6 in this machine's kernel (/proc/sys/net/ipv6 is missing: boot without ipv6.disable=1)")
 	}
 	return nil
 }
@@ -151,7 +187,11 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 		return nil, err
 	}
 	defer func() { err = removeFailed(err, st, &o) }()
-	o.progress("lab %s in %s: %d nodes (%s, runc) on %d subnet(s)", o.Name, o.Dir, o.Nodes, runtimeName(o.Runtime), o.Subnets)
+	family := ""
+	if o.DualStack {
+		family = ", dual-stack IPv4/IPv6"
+	}
+	o.progress("lab %s in %s: %d nodes (%s, runc) on %d subnet(s)%s", o.Name, o.Dir, o.Nodes, runtimeName(o.Runtime), o.Subnets, family)
 	images, tabbyImage, err := buildLabImages(ctx, st, &o, start)
 	if err != nil {
 		return st, err
@@ -179,6 +219,9 @@ func Up(ctx context.Context, o Options) (st *State, err error) {
 	o.progress("tabby-node ready on every node, kube-proxy too [%.1fs]", time.Since(start).Seconds())
 	if st.PodCIDR == "" {
 		return st, upWithoutPool(rctx, st, &o, start)
+	}
+	if err := crossSubnetIPv6Pool(rctx, st, &o); err != nil {
+		return st, err
 	}
 	if err := waitNodesReady(rctx, cp.cs, st); err != nil {
 		return st, err
@@ -224,7 +267,10 @@ func newState(o *Options, createdDir bool, bins Binaries) *State {
 		Subnets:    o.Subnets,
 		PodCIDR:    o.PodCIDR,
 		CreatedDir: createdDir,
-		Binaries:   bins,
+		DualStack:  o.DualStack,
+		// Only in a dual-stack lab (dualStackDefaults).
+		IPv6PodCIDR: o.IPv6PodCIDR,
+		Binaries:    bins,
 	}
 }
 
@@ -303,6 +349,30 @@ func upWithoutPool(ctx context.Context, st *State, o *Options, start time.Time) 
 		return err
 	}
 	o.progress("lab %s is up in %.1fs: %d nodes; kubeconfig: %s", o.Name, time.Since(start).Seconds(), o.Nodes, st.Kubeconfig)
+	return nil
+}
+
+// DefaultIPv6PoolName is the IPPool tabbyd makes from
+// --default-ipv6-pool-cidr.
+const DefaultIPv6PoolName = "default-ipv6"
+
+// crossSubnetIPv6Pool sets the default IPv6 pool of a dual-stack lab on 2
+// subnets to VXLAN CrossSubnet, as the IPv4 one is made (tabbyd makes it
+// routed natively, which the router between the subnets cannot carry),
+// with kubectl patch as a user would.
+func crossSubnetIPv6Pool(ctx context.Context, st *State, o *Options) error {
+	if !st.DualStack || st.Subnets < 2 {
+		return nil
+	}
+	patch := `{"spec":{"vxlanMode":"CrossSubnet"}}`
+	err := poll(ctx, 200*time.Millisecond, func() error {
+		_, err := st.kubectl(ctx, nil, "patch", "ippools.tabby.io", DefaultIPv6PoolName, "--type", "merge", "-p", patch)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("setting the IPPool %s to VXLAN CrossSubnet: %w", DefaultIPv6PoolName, err)
+	}
+	o.progress("IPPool %s: VXLAN CrossSubnet, as the nodes are on 2 subnets", DefaultIPv6PoolName)
 	return nil
 }
 

@@ -108,7 +108,10 @@ containerd (v2, or Debian's 1.6 with --runtime containerd1.6) and the
 kubelet. It returns when every node is Ready with tabby-node, kube-proxy and
 CoreDNS running and the extender passes every node; the processes keep
 running. Node i is nodei, at 10.77.0.(10+i) (with --subnets 2, even nodes
-are on 10.78.0.0/24 behind the router).
+are on 10.78.0.0/24 behind the router); with --dual-stack also at
+fd00:10:77::(10+i) (fd00:10:78::/64 behind the router), with Services in
+10.96.0.0/16 and fd00:10:96::/108 and pods in --pod-cidr and
+--ipv6-pod-cidr.
 
 The Kubernetes programs come from --controlplane-dir ($` + controlplane.EnvControlPlaneDir + `),
 containerd and CoreDNS from --runtime-dir; else test/controlplane/build.sh and
@@ -173,6 +176,8 @@ func addUpFlags(cmd *cobra.Command, o *lab.Options, repo *string) {
 	f.StringVar(&o.Name, "name", lab.DefaultName, "the lab's name: its namespaces are tabby-NAME-* (labs with other names and --dir run side by side)")
 	f.StringVar(&o.Runtime, "runtime", lab.RuntimeContainerd, "the nodes' container runtime: "+strings.Join(lab.Runtimes, " (v2, built from the module proxy) or ")+" (Debian's)")
 	f.StringVar(&o.PodCIDR, "pod-cidr", lab.DefaultPodCIDR, `the default IPPool's range ("" for no pool)`)
+	f.BoolVar(&o.DualStack, "dual-stack", false, "IPv4/IPv6 dual-stack: nodes, Services and pods get an address of each family (IPv4 primary; no IPv6-only lab)")
+	f.StringVar(&o.IPv6PodCIDR, "ipv6-pod-cidr", "", "the default IPv6 IPPool's range, with --dual-stack (default "+lab.DefaultIPv6PodCIDR+")")
 	f.StringVar(&o.BinDir, "bin-dir", "", "folder holding tabby's programs, loopback and portmap, which tabby's image is built from (default: tabbyctl's own folder)")
 	f.StringVar(&o.ControlPlaneDir, "controlplane-dir", "", "folder holding etcd, kube-apiserver, ..., kubelet, kube-proxy, agnhost, pause (default $"+controlplane.EnvControlPlaneDir+", else built)")
 	f.StringVar(&o.RuntimeDir, "runtime-dir", "", "folder holding containerd, containerd-shim-runc-v2, ctr and coredns (default $"+lab.EnvRuntimeDir+", else built by test/runtime/build.sh)")

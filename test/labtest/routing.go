@@ -110,7 +110,20 @@ func (l *Lab) NodeExec(t testing.TB, node string, argv ...string) (string, int) 
 // NodeRoutes lists the IPv4 routes of a node's main table, one a line.
 func (l *Lab) NodeRoutes(t testing.TB, node string) string {
 	t.Helper()
-	out, code := l.NodeExec(t, node, "ip", "-4", "route", "show")
+	return l.nodeRoutes(t, node, "-4")
+}
+
+// NodeRoutes6 lists the IPv6 routes of a node's main table, one a line.
+func (l *Lab) NodeRoutes6(t testing.TB, node string) string {
+	t.Helper()
+	return l.nodeRoutes(t, node, "-6")
+}
+
+// nodeRoutes lists the routes of a node's main table of one family ("-4"
+// or "-6"), one a line.
+func (l *Lab) nodeRoutes(t testing.TB, node, family string) string {
+	t.Helper()
+	out, code := l.NodeExec(t, node, "ip", family, "route", "show")
 	if code != 0 {
 		t.Fatalf("ip route on %s: %s", node, out)
 	}
@@ -118,12 +131,17 @@ func (l *Lab) NodeRoutes(t testing.TB, node string) string {
 }
 
 // WaitRoute waits until a node has a route to dst (the start of a line
-// of ip route, e.g. "10.244.1.0/26 via 10.77.0.12") and returns the line.
+// of ip route, e.g. "10.244.1.0/26 via 10.77.0.12", or an IPv6 one) and
+// returns the line.
 func (l *Lab) WaitRoute(t testing.TB, node, dst string, d time.Duration) string {
 	t.Helper()
+	family := "-4"
+	if strings.Contains(dst, ":") {
+		family = "-6"
+	}
 	deadline := time.Now().Add(d)
 	for {
-		routes := l.NodeRoutes(t, node)
+		routes := l.nodeRoutes(t, node, family)
 		for _, line := range strings.Split(routes, "\n") {
 			if strings.HasPrefix(line, dst) {
 				return line
