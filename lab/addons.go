@@ -120,11 +120,12 @@ func installAddons(ctx context.Context, s *State) error {
 }
 
 // installTabby renders the repository's deploy/tabby.yaml with the lab's
-// image and pod CIDR (deploy/gen's options) and applies it, as users do.
+// image and pod CIDRs (deploy/gen's options) and applies it, as users do.
 // tabbydArgs are added to the tabbyd container's (tests shorten the IPAM
 // collector's grace so).
 func installTabby(ctx context.Context, s *State, image string, tabbydArgs []string) error {
-	m, err := deploy.Render(filepath.Join(s.Binaries.RepoRoot, "deploy"), deploy.RenderOptions{Image: image, PodCIDR: s.PodCIDR})
+	// IPv6PodCIDR is "" unless dual-stack: no default IPv6 pool.
+	m, err := deploy.Render(filepath.Join(s.Binaries.RepoRoot, "deploy"), deploy.RenderOptions{Image: image, PodCIDR: s.PodCIDR, PodCIDRv6: s.IPv6PodCIDR})
 	if err != nil {
 		return fmt.Errorf("rendering deploy/tabby.yaml: %w", err)
 	}
@@ -138,11 +139,10 @@ func installTabby(ctx context.Context, s *State, image string, tabbydArgs []stri
 		args["tabbyd"] = append(args["tabbyd"], "--default-ipv4-pool-encapsulation=VXLANCrossSubnet")
 	}
 	if s.DualStack {
-		// The CNI config asks for both families, and the first tabbyd
-		// makes the IPv6 pool next to the IPv4 one, as calico-node does
-		// with CALICO_IPV6POOL_CIDR.
+		// The CNI config asks for both families (the first tabbyd makes
+		// the IPv6 pool from the rendered DEFAULT_IPV6_POOL_CIDR, as
+		// calico-node does from CALICO_IPV6POOL_CIDR).
 		args["install-cni"] = []string{"--assign-ipv6"}
-		args["tabbyd"] = append(args["tabbyd"], "--default-ipv6-pool-cidr="+s.IPv6PodCIDR)
 	}
 	if len(args["tabbyd"])+len(args["install-cni"]) > 0 {
 		if m, err = withContainerArgs(m, args); err != nil {
