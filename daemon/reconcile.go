@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/bgp"
@@ -58,6 +59,9 @@ type routerConfig struct {
 	Registerer prometheus.Registerer
 	// Metrics, when set, are the loop's metrics instead of Registerer's.
 	Metrics *routingMetrics
+	// Recorder, when set, records Events on the node (a family its pods
+	// use and it has no address of).
+	Recorder record.EventRecorder
 }
 
 // router is tabbyd's routing loop: it registers the node's routing
@@ -76,6 +80,8 @@ type router struct {
 
 	// Owned by the loop goroutine.
 	addr4, addr6 netip.Prefix
+	why4, why6   string // why detection found no address of the family
+	recorded     string // the family problems last recorded as Events
 	speaker      *bgp.Speaker
 	speakerKey   string // AS, router ID and port the speaker runs with
 	firstStart   bool   // the speaker has not started yet
@@ -161,7 +167,7 @@ func (r *router) run(ctx context.Context) {
 	for {
 		na, err := nodeAddresses(r.cfg.NodeIPs, r.cfg.DS.Host())
 		if err == nil {
-			r.addr4, r.addr6 = na.v4, na.v6
+			r.addr4, r.addr6, r.why4, r.why6 = na.v4, na.v6, na.problem4, na.problem6
 			r.log.Info("node addresses", "ipv4", prefixString(na.v4), "ipv4From", na.how4, "ipv6", prefixString(na.v6), "ipv6From", na.how6)
 			if na.problem4 != "" {
 				r.log.Info("no IPv4 node address", "why", na.problem4)
@@ -246,20 +252,21 @@ type pass struct {
 	out      outcome
 	notReady []string
 
-	info    routing.NodeInfo // 1: this node's routing identity
-	selfBGP bgp.Node         // 2: this node as BGP sees it
-	as      uint32
-	nodes   []bgp.Node         // 3: the other nodes
-	peers   []routing.NodeInfo // their routing identities
-	desired []bgp.Peer         // the sessions
-	filters *bgp.Filters       // the route filters
-	adverts []bgp.Route        // 4: what this node advertises
-	learned []bgp.LearnedRoute // 5: what BGP learned
-	states  []bgp.PeerState    // the sessions' states
-	stale   int                // learned routes kept stale by graceful restart
-	state   routing.State      // what the kernel gets
-	nKept   int                // routes of the previous run still kept
-	restart string             // the restart's note
+	info     routing.NodeInfo // 1: this node's routing identity
+	families []familyProblem  // families its pods use and it lacks
+	selfBGP  bgp.Node         // 2: this node as BGP sees it
+	as       uint32
+	nodes    []bgp.Node         // 3: the other nodes
+	peers    []routing.NodeInfo // their routing identities
+	desired  []bgp.Peer         // the sessions
+	filters  *bgp.Filters       // the route filters
+	adverts  []bgp.Route        // 4: what this node advertises
+	learned  []bgp.LearnedRoute // 5: what BGP learned
+	states   []bgp.PeerState    // the sessions' states
+	stale    int                // learned routes kept stale by graceful restart
+	state    routing.State      // what the kernel gets
+	nKept    int                // routes of the previous run still kept
+	restart  string             // the restart's note
 }
 
 func (r *router) reconcileOnce(ctx context.Context) outcome {
@@ -274,6 +281,7 @@ func (r *router) reconcileOnce(ctx context.Context) outcome {
 		return p.out
 	}
 	r.publishIdentity(ctx, p)
+	r.checkFamilies(p)
 	if err := r.startSpeaker(ctx, p); err != nil {
 		p.out.problem(true, "%v", err)
 		r.setNotReady(err.Error())
@@ -295,6 +303,27 @@ func (r *router) publishIdentity(ctx context.Context, p *pass) {
 		p.notReady = append(p.notReady, err.Error())
 	} else if changed {
 		r.log.Info("published this node's routing identity", "annotations", p.info.Annotations())
+	}
+}
+
+// checkFamilies reports the address families this node's pods use and
+// the node has no address of: on /status, in the log and as an Event on
+// the Node, each time they change.
+func (r *router) checkFamilies(p *pass) {
+	p.families = missingFamilies(p.snap.pools, p.snap.blocks, p.self, r.addr4, r.addr6, r.why4, r.why6)
+	var key strings.Builder
+	for _, f := range p.families {
+		key.WriteString(f.Reason + ": " + f.Message + "\n")
+	}
+	if key.String() == r.recorded {
+		return
+	}
+	r.recorded = key.String()
+	for _, f := range p.families {
+		r.log.Warn("pods use an address family this node has no address of", "reason", f.Reason, "problem", f.Message)
+		if r.cfg.Recorder != nil {
+			r.cfg.Recorder.Event(p.self, corev1.EventTypeWarning, f.Reason, f.Message)
+		}
 	}
 }
 
@@ -507,6 +536,10 @@ func (r *router) report(p *pass) {
 	st.Reconciles++
 	st.Restart = p.restart
 	st.Warnings = p.out.problems
+	st.Problems = nil
+	for _, f := range p.families {
+		st.Problems = append(st.Problems, f.Reason+": "+f.Message)
+	}
 	r.notReady = p.notReady
 	r.live = r.speaker
 }
@@ -718,6 +751,7 @@ func (r *router) Status(ctx context.Context) nodestatus.Status {
 	sp := r.live
 	st.NotReady = slices.Clone(r.notReady)
 	st.Warnings = slices.Clone(r.status.Warnings)
+	st.Problems = slices.Clone(r.status.Problems)
 	r.mu.Unlock()
 	st.Time = time.Now()
 	st.Ready = len(st.NotReady) == 0

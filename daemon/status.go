@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/iptbackend"
@@ -14,6 +15,7 @@ import (
 // startRouting starts the routing loop of cfg's node (until ctx ends) and
 // serves its status as JSON on GET /status of mux. /readyz asks its Ready.
 func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) *router {
+	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName)
 	r := newRouter(routerConfig{
 		Node:        cfg.NodeName,
 		NodeIPs:     cfg.NodeIPs,
@@ -23,6 +25,7 @@ func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *ipt
 		DS:          ds,
 		Log:         cfg.Log,
 		Metrics:     met.routing,
+		Recorder:    rec,
 	})
 	if backend != nil {
 		r.applier.SetIPTablesBackend(*backend)
@@ -36,6 +39,10 @@ func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *ipt
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(st)
 	})
-	gs.Go("routing", func(ctx context.Context) error { r.run(ctx); return nil })
+	gs.Go("routing", func(ctx context.Context) error {
+		defer stopEvents()
+		r.run(ctx)
+		return nil
+	})
 	return r
 }

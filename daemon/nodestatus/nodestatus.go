@@ -49,6 +49,10 @@ type Status struct {
 	Restart string `json:"restart,omitempty"`
 	// Warnings are what the last reconcile could not do as asked.
 	Warnings []string `json:"warnings,omitempty"`
+	// Problems are what the node's configuration lacks for its pools,
+	// each "Reason: message" as in the Event tabbyd records on the Node
+	// (an address family its pods use and it has no address of).
+	Problems []string `json:"problems,omitempty"`
 }
 
 // Peer is one BGP session.
@@ -172,6 +176,9 @@ func (s *Status) Write(w io.Writer, wide bool) {
 		fmt.Fprintf(w, ", %d kept from the previous run", r.Kept)
 	}
 	fmt.Fprintln(w, ".")
+	for _, p := range s.Problems {
+		fmt.Fprintf(w, "Problem: %s\n", p)
+	}
 	if s.LastApply.Error != "" {
 		fmt.Fprintf(w, "Last apply (%s) failed: %s\n", s.LastApply.Time.Local().Format(time.TimeOnly), s.LastApply.Error)
 	} else if wide && !s.LastApply.Time.IsZero() {
