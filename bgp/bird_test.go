@@ -17,7 +17,11 @@ import (
 
 // BIRD 2 (Debian's bird2) as the top-of-rack router of the lab, node 254.
 
-const birdOrigin = "192.0.2.0/24" // the prefix BIRD originates
+// The prefixes BIRD originates: birdOrigin6 only in a dual-stack lab.
+const (
+	birdOrigin  = "192.0.2.0/24"
+	birdOrigin6 = "2001:db8:b12d::/48"
+)
 
 // bird is a BIRD process in a lab namespace.
 type bird struct {
@@ -34,17 +38,34 @@ func startBird(t *testing.T, node *labNode, as uint32, peers map[int]uint32) *bi
 	return startBirdRoutes(t, node, as, peers)
 }
 
-// startBirdRoutes is startBird with more prefixes BIRD originates.
+// startBirdRoutes is startBird with more prefixes BIRD originates (of
+// either family). In a dual-stack lab BIRD also originates birdOrigin6
+// and has an IPv6 session with each peer besides the IPv4 one, named
+// node<i>v6, from its IPv6 address to the node's.
 func startBirdRoutes(t *testing.T, node *labNode, as uint32, peers map[int]uint32, extra ...string) *bird {
 	t.Helper()
 	dir := t.TempDir()
 	var conf strings.Builder
 	fmt.Fprintf(&conf, "router id %s;\nlog stderr all;\nprotocol device {}\n", node.addr.Addr())
-	fmt.Fprintf(&conf, "protocol static { ipv4; route %s blackhole; ", birdOrigin)
-	for _, r := range extra {
-		fmt.Fprintf(&conf, "route %s blackhole; ", r)
+	dual := node.addr6.IsValid()
+	origins := map[bool][]string{false: {birdOrigin}}
+	if dual {
+		origins[true] = []string{birdOrigin6}
 	}
-	fmt.Fprintf(&conf, "}\n")
+	for _, r := range extra {
+		v6 := strings.Contains(r, ":")
+		origins[v6] = append(origins[v6], r)
+	}
+	for _, v6 := range []bool{false, true} {
+		if len(origins[v6]) == 0 {
+			continue
+		}
+		fmt.Fprintf(&conf, "protocol static { %s; ", map[bool]string{false: "ipv4", true: "ipv6"}[v6])
+		for _, r := range origins[v6] {
+			fmt.Fprintf(&conf, "route %s blackhole; ", r)
+		}
+		fmt.Fprintf(&conf, "}\n")
+	}
 	for i := 1; i <= 9; i++ {
 		peerAS, ok := peers[i]
 		if !ok {
@@ -56,6 +77,10 @@ func startBirdRoutes(t *testing.T, node *labNode, as uint32, peers map[int]uint3
 		}
 		fmt.Fprintf(&conf, "protocol bgp node%d { local %s as %d; neighbor %s as %d; %s graceful restart on; debug { states, routes }; ipv4 { import all; export all; }; }\n",
 			i, node.addr.Addr(), as, addrOf(i), peerAS, direct)
+		if dual {
+			fmt.Fprintf(&conf, "protocol bgp node%dv6 { local %s as %d; neighbor %s as %d; %s graceful restart on; debug { states, routes }; ipv6 { import all; export all; }; }\n",
+				i, node.addr6.Addr(), as, addr6Of(i), peerAS, direct)
+		}
 	}
 	confPath := filepath.Join(dir, "bird.conf")
 	if err := os.WriteFile(confPath, []byte(conf.String()), 0o600); err != nil {
@@ -119,9 +144,10 @@ func (b *bird) routes() map[string][]string {
 	return routes
 }
 
-// established says whether BIRD's session with lab node i is up.
-func (b *bird) established(i int) bool {
-	out, _ := b.birdc("show", "protocols", fmt.Sprintf("node%d", i))
+// established says whether BIRD's session with lab node i is up (its
+// IPv6 session with suffix "v6").
+func (b *bird) established(i int, suffix ...string) bool {
+	out, _ := b.birdc("show", "protocols", fmt.Sprintf("node%d%s", i, strings.Join(suffix, "")))
 	return strings.Contains(out, "Established")
 }
 

@@ -46,6 +46,70 @@ func TestLabBIRDTopOfRack(t *testing.T) {
 	})
 }
 
+// TestLabBIRDIPv6: BIRD as a dual-stack top-of-rack peer, configured on
+// the nodes by two BGPPeers (its IPv4 and its IPv6 address): over the IPv6
+// sessions BIRD learns every node's IPv6 block with the node's IPv6
+// address as next hop, and the nodes learn the IPv6 prefix BIRD
+// originates via BIRD's IPv6 address; IPv4 as before, over its own
+// sessions. A withdrawn IPv6 block leaves BIRD too.
+func TestLabBIRDIPv6(t *testing.T) {
+	needRoot(t, "bird", "birdc")
+	l := newLab(t)
+	l.dualStack = true
+	c := newClusterOn(t, l, 2, Config{})
+	tor := startBird(t, c.lab.node(254), 64512, map[int]uint32{1: 64512, 2: 64512})
+	c.peers = []v1.BGPPeer{
+		{ObjectMeta: metav1.ObjectMeta{Name: "tor-v4"}, Spec: v1.BGPPeerSpec{PeerIP: "10.77.0.254", ASNumber: 64512}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "tor-v6"}, Spec: v1.BGPPeerSpec{PeerIP: "fd00:77::254", ASNumber: 64512}},
+	}
+	start := time.Now()
+	c.reconcile()
+	// BIRD learned both blocks of each node, each via that node's
+	// address of the block's family.
+	for i := 1; i <= 2; i++ {
+		tor.waitRoute(blockOf(i).String(), addrOf(i).String())
+		tor.waitRoute(blockOf6(i).String(), addr6Of(i).String())
+	}
+	// The nodes learned BIRD's prefixes of both families, and each
+	// other's blocks.
+	learned := func(i, other int) string {
+		return sortedRoutes(expectRoutes(0, other),
+			fmt.Sprintf("%s>%s@%s", blockOf6(other), addr6Of(other), addr6Of(other)),
+			fmt.Sprintf("%s>10.77.0.254@10.77.0.254", birdOrigin),
+			fmt.Sprintf("%s>fd00:77::254@fd00:77::254", birdOrigin6))
+	}
+	for i, other := range map[int]int{1: 2, 2: 1} {
+		eventually(t, 20*time.Second, fmt.Sprintf("node%d learns both families from BIRD and node%d", i, other), func() (bool, string) {
+			got := sortedRoutes(routesOf(c.nodes[i].p.learned()))
+			return got == learned(i, other), got
+		})
+	}
+	t.Logf("BIRD and the nodes exchanged routes of both families in %s", time.Since(start).Round(time.Millisecond))
+	for i := 1; i <= 2; i++ {
+		if !tor.established(i) || !tor.established(i, "v6") {
+			t.Errorf("BIRD's sessions with node%d are not both Established", i)
+		}
+	}
+	c.waitSessions(1, 5*time.Second, "10.77.0.2:Established:node-mesh 10.77.0.254:Established:bgppeer/tor-v4 fd00:77::2:Established:node-mesh fd00:77::254:Established:bgppeer/tor-v6")
+
+	// node1 withdraws its blocks: BIRD drops its IPv6 block too.
+	c.nodes[1].p.must(helperRequest{Op: "adverts"})
+	eventually(t, 10*time.Second, "bird drops node1's blocks", func() (bool, string) {
+		r := tor.routes()
+		_, has4 := r[blockOf(1).String()]
+		_, has6 := r[blockOf6(1).String()]
+		return !has4 && !has6, fmt.Sprint(r)
+	})
+}
+
+// sortedRoutes sorts the space-separated learned-route renderings of
+// parts (routesOf orders by address family only as GoBGP lists them).
+func sortedRoutes(parts ...string) string {
+	all := strings.Fields(strings.Join(parts, " "))
+	slices.Sort(all)
+	return strings.Join(all, " ")
+}
+
 // TestLabBIRDExternal: BIRD as an eBGP peer (AS 65001) of a 2-node mesh,
 // with keepOriginalNextHop: the route node2 passes on for node1's block
 // keeps node1 as its next hop; without it, node2 puts itself.

@@ -171,6 +171,9 @@ func blockOf6(i int) netip.Prefix {
 // addrOf is node i's address.
 func addrOf(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 77, 0, byte(i)}) }
 
+// addr6Of is node i's IPv6 address in a dual-stack lab.
+func addr6Of(i int) netip.Addr { return netip.MustParseAddr(fmt.Sprintf("fd00:77::%d", i)) }
+
 // expectRoutes is the learned-route rendering of blocks of the nodes in
 // from, each with its node's address as next hop, learned from peer (0:
 // from the node itself).
