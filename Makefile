@@ -77,8 +77,8 @@ e2e: deps build controlplane runtime
 ## count against policies and pods, 50 label flips end to end through
 ## tabbyd's controller, iperf3 with and without policies (about 4 minutes);
 ## then route convergence, BGP sessions and tabbyd memory with 10 and 30
-## nodes running tabbyd alone, full mesh against route reflectors (about 2½
-## minutes); pod start-up on 3 real nodes and what a node costs (about 2
+## nodes running tabbyd alone, full mesh against route reflectors, and IPv4
+## against IPv6 blocks on 10 dual-stack nodes (about 3 minutes); pod start-up on 3 real nodes and what a node costs (about 2
 ## minutes); then the
 ## scheduler extender: filter+prioritize p50/p99 at 5,000 nodes and 50,000
 ## pods, and pods/s of the real kube-scheduler with and without it (1,000

@@ -59,9 +59,13 @@ type convNode struct {
 	ip     netip.Addr
 }
 
+// convSubnet6 is the underlay's IPv6 subnet of a dual-stack run: node i
+// (0-based) is ::11+i (hex).
+var convSubnet6 = netip.MustParsePrefix("fd00:79::/64")
+
 // startNodes makes count nodes named prefix-nodeI on u, each with its
-// tabbyd, a few at a time.
-func startNodes(b *testing.B, u *netnstest.Net, prefix string, count int) []*convNode {
+// tabbyd, a few at a time; dual gives them an IPv6 address too.
+func startNodes(b *testing.B, u *netnstest.Net, prefix string, count int, dual bool) []*convNode {
 	b.Helper()
 	nodes := make([]*convNode, count)
 	errs := make([]error, count)
@@ -71,7 +75,7 @@ func startNodes(b *testing.B, u *netnstest.Net, prefix string, count int) []*con
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			nodes[i], errs[i] = startNode(b, u, fmt.Sprintf("%s-node%d", prefix, i+1), i)
+			nodes[i], errs[i] = startNode(b, u, fmt.Sprintf("%s-node%d", prefix, i+1), i, dual)
 		})
 	}
 	wg.Wait()
@@ -81,7 +85,7 @@ func startNodes(b *testing.B, u *netnstest.Net, prefix string, count int) []*con
 	return nodes
 }
 
-func startNode(b *testing.B, u *netnstest.Net, name string, i int) (*convNode, error) {
+func startNode(b *testing.B, u *netnstest.Net, name string, i int, dual bool) (*convNode, error) {
 	ctx := context.Background()
 	n, err := testnet.NewNode(ctx, testnet.NodeOptions{
 		Name: name,
@@ -101,19 +105,23 @@ func startNode(b *testing.B, u *netnstest.Net, name string, i int) (*convNode, e
 			b.Errorf("removing node %s: %v", name, err)
 		}
 	})
-	ip := convSubnet.Addr()
+	ip, ip6 := convSubnet.Addr(), convSubnet6.Addr()
 	for range 11 + i {
-		ip = ip.Next()
+		ip, ip6 = ip.Next(), ip6.Next()
 	}
-	if err := u.Plug(n.NS, "eth0", fmt.Sprintf("p%d", i+1), "br0", netip.PrefixFrom(ip, convSubnet.Bits()).String()); err != nil {
+	addrs, nodeIP := []string{netip.PrefixFrom(ip, convSubnet.Bits()).String()}, ip.String()
+	if dual {
+		addrs, nodeIP = append(addrs, netip.PrefixFrom(ip6, convSubnet6.Bits()).String()), nodeIP+","+ip6.String()
+	}
+	if err := u.Plug(n.NS, "eth0", fmt.Sprintf("p%d", i+1), "br0", addrs...); err != nil {
 		return nil, fmt.Errorf("plugging %s into the underlay: %w", name, err)
 	}
 	if err := n.Register(ctx, ip, "tabbyd alone (route convergence benchmark)"); err != nil {
 		return nil, err
 	}
-	// tabbyd as the DaemonSet runs it, but for the node's address (no
+	// tabbyd as the DaemonSet runs it, but for the node's addresses (no
 	// kubelet here says which address is the node's).
-	d, err := n.StartTabbyd(ctx, tabbyd, "--node-ip", ip.String(), "--log-level", "info")
+	d, err := n.StartTabbyd(ctx, tabbyd, "--node-ip", nodeIP, "--log-level", "info")
 	if err != nil {
 		return nil, err
 	}
@@ -313,40 +321,53 @@ type convPod struct {
 // cleanup deletes the pods (CNI DEL, as a runtime does).
 func addSamples(b *testing.B, nodes []*convNode, confs map[string]*libcni.NetworkConfigList, pool string, w *routeWatch, prefix string, samples int) (fromClaim, fromPod []time.Duration, pods []*convPod) {
 	b.Helper()
-	ctx := context.Background()
 	for i := range samples {
-		n := nodes[i%len(nodes)]
-		list := confs[n.Name]
-		p, err := testnet.NewPod(metav1.NamespaceDefault, fmt.Sprintf("%s-%s-%d", n.Name, prefix, i))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() {
-			if err := n.Del(context.Background(), list, p, nil); err != nil {
-				b.Errorf("DEL of %s: %v", p.Name, err)
-			}
-			_ = p.Close()
-			_ = n.DeletePodObject(context.Background(), p)
-		})
-		created := time.Now()
-		if err := n.CreatePodObject(ctx, p, map[string]string{tabbyv1.AnnotationIPv4Pools: fmt.Sprintf("[%q]", pool)}); err != nil {
-			b.Fatal(err)
-		}
-		res, err := n.Add(ctx, list, p, nil)
-		if err != nil {
-			b.Fatalf("ADD of %s on %s: %v", p.Name, n.Name, err)
-		}
-		ips := testnet.ResultIPs(res, false)
-		if len(ips) == 0 {
-			b.Fatalf("ADD of %s gave no IPv4 address: %v", p.Name, res)
-		}
-		ip, _ := netip.AddrFromSlice(ips[0].To4())
-		claimed, routed := w.converged(b, ip, nodes, time.Minute)
+		p, created, ips := addPod(b, nodes[i%len(nodes)], confs, prefix, i, map[string]string{tabbyv1.AnnotationIPv4Pools: fmt.Sprintf("[%q]", pool)})
+		claimed, routed := w.converged(b, ips[0], nodes, time.Minute)
 		fromClaim = append(fromClaim, routed.Sub(claimed))
 		fromPod = append(fromPod, routed.Sub(created))
-		pods = append(pods, &convPod{Pod: p, node: n, ip: ip})
+		pods = append(pods, &convPod{Pod: p.Pod, node: p.node, ip: ips[0]})
 	}
 	return fromClaim, fromPod, pods
+}
+
+// addPod adds sample i on n: its Pod object with annotations, then CNI
+// ADD. It returns the pod, when its object was created, and its
+// addresses (IPv4 first); the benchmark's cleanup deletes it.
+func addPod(b *testing.B, n *convNode, confs map[string]*libcni.NetworkConfigList, prefix string, i int, annotations map[string]string) (*convPod, time.Time, []netip.Addr) {
+	b.Helper()
+	ctx := context.Background()
+	list := confs[n.Name]
+	p, err := testnet.NewPod(metav1.NamespaceDefault, fmt.Sprintf("%s-%s-%d", n.Name, prefix, i))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := n.Del(context.Background(), list, p, nil); err != nil {
+			b.Errorf("DEL of %s: %v", p.Name, err)
+		}
+		_ = p.Close()
+		_ = n.DeletePodObject(context.Background(), p)
+	})
+	created := time.Now()
+	if err := n.CreatePodObject(ctx, p, annotations); err != nil {
+		b.Fatal(err)
+	}
+	res, err := n.Add(ctx, list, p, nil)
+	if err != nil {
+		b.Fatalf("ADD of %s on %s: %v", p.Name, n.Name, err)
+	}
+	var ips []netip.Addr
+	for _, v6 := range []bool{false, true} {
+		for _, ip := range testnet.ResultIPs(res, v6) {
+			a, _ := netip.AddrFromSlice(ip)
+			ips = append(ips, a.Unmap())
+		}
+	}
+	if len(ips) == 0 {
+		b.Fatalf("ADD of %s gave no address: %v", p.Name, res)
+	}
+	return &convPod{Pod: p, node: n}, created, ips
 }
 
 // cleanupPool deletes the pool and what IPAM left of it for the run's
@@ -478,7 +499,7 @@ func benchConvergence(b *testing.B, count, run int) {
 	}
 	b.Cleanup(func() { cleanupPool(b, ds, pool.Name, prefix) })
 	u := netnstest.NewNet(b, "br0")
-	nodes := startNodes(b, u, prefix, count)
+	nodes := startNodes(b, u, prefix, count, false)
 	b.Logf("%d nodes (namespaces on one bridge, tabbyd alone in each) up in %v", count, time.Since(start).Round(time.Millisecond))
 	w := watchRoutes(b, ds, nodes)
 	// Each node's conflist names its own kubeconfig and tabbyd's socket.
