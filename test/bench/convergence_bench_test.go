@@ -466,6 +466,46 @@ func pingAcross(b *testing.B, pods []*convPod) {
 	}
 }
 
+// convRun is one run of a benchmark: its nodes, the watch on their
+// routes and each node's conflist (naming its own kubeconfig and tabbyd's
+// socket).
+type convRun struct {
+	ds    *datastore.Client
+	nodes []*convNode
+	w     *routeWatch
+	confs map[string]*libcni.NetworkConfigList
+}
+
+// startRun creates pools (of the run's own: runs share the control plane;
+// the cleanup removes them and what IPAM left of them), then count nodes
+// named prefix-nodeI on an underlay of their own (dual: with an IPv6
+// address too), watches their routes and makes each node's conflist with
+// the tabby-ipam settings ipamConf (nil: the defaults).
+func startRun(b *testing.B, prefix string, count int, dual bool, ipamConf map[string]any, pools ...*tabbyv1.IPPool) *convRun {
+	b.Helper()
+	start := time.Now()
+	ds, err := datastore.New(clustertest.Cluster(b).RESTConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, p := range pools {
+		if _, err := ds.IPPools.Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cleanupPool(b, ds, p.Name, prefix) })
+	}
+	u := netnstest.NewNet(b, "br0")
+	r := &convRun{ds: ds, nodes: startNodes(b, u, prefix, count, dual), confs: map[string]*libcni.NetworkConfigList{}}
+	b.Logf("%d nodes (namespaces on one bridge, tabbyd alone in each; dual-stack %v) up in %v", count, dual, time.Since(start).Round(time.Millisecond))
+	r.w = watchRoutes(b, ds, r.nodes)
+	for _, n := range r.nodes {
+		if r.confs[n.Name], err = testnet.ConfList(cniVersion, n.TabbyConf(ipamConf)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return r
+}
+
 // BenchmarkRouteConvergence: with 10 and 30 nodes (tabbyd alone in each),
 // first as a full mesh, then with node1 and node2 labelled route
 // reflectors, the time from the creation of a block (a pod ADD claiming
@@ -484,31 +524,11 @@ func BenchmarkRouteConvergence(b *testing.B) {
 func benchConvergence(b *testing.B, count, run int) {
 	samples := max(20, count)
 	ctx := context.Background()
-	start := time.Now()
-	ds, err := datastore.New(clustertest.Cluster(b).RESTConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	// A pool, nodes and a CIDR of the run's own: runs share the control
-	// plane.
 	prefix := fmt.Sprintf("rc%d-%d", count, run)
 	pool := &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: prefix},
 		Spec: tabbyv1.IPPoolSpec{CIDR: fmt.Sprintf("10.%d.0.0/16", 200+(count+run)%50), BlockSize: 32}}
-	if _, err := ds.IPPools.Create(ctx, pool, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cleanupPool(b, ds, pool.Name, prefix) })
-	u := netnstest.NewNet(b, "br0")
-	nodes := startNodes(b, u, prefix, count, false)
-	b.Logf("%d nodes (namespaces on one bridge, tabbyd alone in each) up in %v", count, time.Since(start).Round(time.Millisecond))
-	w := watchRoutes(b, ds, nodes)
-	// Each node's conflist names its own kubeconfig and tabbyd's socket.
-	confs := map[string]*libcni.NetworkConfigList{}
-	for _, n := range nodes {
-		if confs[n.Name], err = testnet.ConfList(cniVersion, n.TabbyConf(nil)); err != nil {
-			b.Fatal(err)
-		}
-	}
+	r := startRun(b, prefix, count, false, nil, pool)
+	ds, nodes, w, confs := r.ds, r.nodes, r.w, r.confs
 	report := func(topology string, sessions map[string]*nodestatus.Status, fromClaim, fromPod []time.Duration) {
 		slices.Sort(fromClaim)
 		slices.Sort(fromPod)

@@ -1,21 +1,15 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
-	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
-	"github.com/tabbynet/tabby/internal/netnstest"
-	"github.com/tabbynet/tabby/internal/testnet"
 )
 
 // BenchmarkRouteConvergenceDualStack: 10 dual-stack nodes (tabbyd alone
@@ -34,33 +28,13 @@ func BenchmarkRouteConvergenceDualStack(b *testing.B) {
 
 func benchDualConvergence(b *testing.B, count, run int) {
 	samples := max(20, count)
-	ctx := context.Background()
-	start := time.Now()
-	ds, err := datastore.New(clustertest.Cluster(b).RESTConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
 	prefix := fmt.Sprintf("rd%d-%d", count, run)
 	pools := []*tabbyv1.IPPool{
 		{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-v4"}, Spec: tabbyv1.IPPoolSpec{CIDR: fmt.Sprintf("10.%d.0.0/16", 180+run%20), BlockSize: 32}},
 		{ObjectMeta: metav1.ObjectMeta{Name: prefix + "-v6"}, Spec: tabbyv1.IPPoolSpec{CIDR: fmt.Sprintf("fd00:bc:%x::/112", run), BlockSize: 128}},
 	}
-	for _, p := range pools {
-		if _, err := ds.IPPools.Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { cleanupPool(b, ds, p.Name, prefix) })
-	}
-	u := netnstest.NewNet(b, "br0")
-	nodes := startNodes(b, u, prefix, count, true)
-	b.Logf("%d dual-stack nodes (namespaces on one bridge, tabbyd alone in each) up in %v", count, time.Since(start).Round(time.Millisecond))
-	w := watchRoutes(b, ds, nodes)
-	confs := map[string]*libcni.NetworkConfigList{}
-	for _, n := range nodes {
-		if confs[n.Name], err = testnet.ConfList(cniVersion, n.TabbyConf(map[string]any{"assignIPv4": true, "assignIPv6": true})); err != nil {
-			b.Fatal(err)
-		}
-	}
+	r := startRun(b, prefix, count, true, map[string]any{"assignIPv4": true, "assignIPv6": true}, pools...)
+	nodes, w, confs := r.nodes, r.w, r.confs
 	meshStart := time.Now()
 	sessions := waitAllBGP(b, nodes, 3*time.Minute, func(_ string, st *nodestatus.Status) error {
 		if len(st.Peers) != 2*(count-1) {

@@ -45,21 +45,30 @@ type testNode struct {
 // the test's cleanup removes them.
 func newNode(t *testing.T) *testNode {
 	t.Helper()
-	name := fmt.Sprintf("e2e-node-%d", counter.Add(1))
-	c := clustertest.Cluster(t) // first: its setup sets cniBinDir and tabbydBin
-	n, err := testnet.NewNode(ctxT(t), testnet.NodeOptions{
-		Name:       name,
-		Dir:        t.TempDir(),
-		PluginDirs: []string{cniBinDir, testnet.ReferencePluginDir},
-		Cluster:    c,
-		Labels:     map[string]string{e2eNodeLabel: name},
-	})
+	return newNodeWith(t, testnet.NodeOptions{})
+}
+
+// newNodeWith is newNode with opts: the name, labels and uplink addresses
+// it gives are kept (unnamed: e2e-node-N, unlabelled: labelled for its
+// pools), the rest is filled in.
+func newNodeWith(t *testing.T, opts testnet.NodeOptions) *testNode {
+	t.Helper()
+	if opts.Name == "" {
+		opts.Name = fmt.Sprintf("e2e-node-%d", counter.Add(1))
+	}
+	if opts.Labels == nil {
+		opts.Labels = map[string]string{e2eNodeLabel: opts.Name}
+	}
+	opts.Cluster = clustertest.Cluster(t) // first: its setup sets cniBinDir and tabbydBin
+	opts.Dir = t.TempDir()
+	opts.PluginDirs = []string{cniBinDir, testnet.ReferencePluginDir}
+	n, err := testnet.NewNode(ctxT(t), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := n.Close(); err != nil {
-			t.Errorf("removing node %s: %v", name, err)
+			t.Errorf("removing node %s: %v", opts.Name, err)
 		}
 	})
 	return &testNode{Node: n, ipam: ipam.New(n.DS)}

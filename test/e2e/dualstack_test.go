@@ -28,10 +28,8 @@ import (
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/daemon/routing"
-	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/internal/testnet"
-	"github.com/tabbynet/tabby/ipam"
 )
 
 // dsNode is a dual-stack node: its underlay addresses and tabbyd.
@@ -44,32 +42,18 @@ type dsNode struct {
 // newDSNode makes node i (1-based) of the test on the underlay u: eth0
 // holds 10.78.0.1i/24 and fd00:78::1i/64 and the IPv4 default route, and
 // the IPv6 one when v6Default (else tabbyd finds the IPv6 address on the
-// interface of the IPv4 one). No uplink: eth0 is the node's only NIC.
+// interface of the IPv4 one).
 func newDSNode(t *testing.T, u *netnstest.Net, label string, i int, v6Default bool) *dsNode {
 	t.Helper()
-	name := fmt.Sprintf("%s-node%d", label, i)
-	n, err := testnet.NewNode(ctxT(t), testnet.NodeOptions{
-		Name:        name,
-		Dir:         t.TempDir(),
-		UplinkAddrs: []string{},
-		PluginDirs:  []string{cniBinDir, testnet.ReferencePluginDir},
-		Cluster:     clustertest.Cluster(t),
-		Labels:      map[string]string{e2eNodeLabel: label},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("removing node %s: %v", name, err)
-		}
-	})
+	// No uplink: eth0 is the node's only NIC.
+	n := newNodeWith(t, testnet.NodeOptions{Name: fmt.Sprintf("%s-node%d", label, i), UplinkAddrs: []string{},
+		Labels: map[string]string{e2eNodeLabel: label}})
 	v4 := netip.AddrFrom4([4]byte{10, 78, 0, byte(10 + i)})
 	v6 := netip.MustParseAddr(fmt.Sprintf("fd00:78::%d", 10+i))
 	if err := u.Plug(n.NS, "eth0", fmt.Sprintf("%sp%d", label, i), "br0", v4.String()+"/24", v6.String()+"/64"); err != nil {
 		t.Fatal(err)
 	}
-	err = n.Do(func() error {
+	err := n.Do(func() error {
 		l, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -91,7 +75,7 @@ func newDSNode(t *testing.T, u *netnstest.Net, label string, i int, v6Default bo
 	if err := n.Register(ctxT(t), v4, "tabbyd alone (dual-stack e2e)"); err != nil {
 		t.Fatal(err)
 	}
-	dn := &dsNode{testNode: &testNode{Node: n, ipam: ipam.New(n.DS)}, v4: v4, v6: v6}
+	dn := &dsNode{testNode: n, v4: v4, v6: v6}
 	dn.d = dn.startTabbyd(t)
 	return dn
 }

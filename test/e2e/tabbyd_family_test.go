@@ -22,33 +22,7 @@ import (
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/testnet"
-	"github.com/tabbynet/tabby/ipam"
 )
-
-// newNodeWith is newNode with the node's uplink addresses (and default
-// routes) given.
-func newNodeWith(t *testing.T, uplink ...string) *testNode {
-	t.Helper()
-	name := fmt.Sprintf("e2e-node-%d", counter.Add(1))
-	c := clustertest.Cluster(t)
-	n, err := testnet.NewNode(ctxT(t), testnet.NodeOptions{
-		Name:        name,
-		Dir:         t.TempDir(),
-		UplinkAddrs: uplink,
-		PluginDirs:  []string{cniBinDir, testnet.ReferencePluginDir},
-		Cluster:     c,
-		Labels:      map[string]string{e2eNodeLabel: name},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			t.Errorf("removing node %s: %v", name, err)
-		}
-	})
-	return &testNode{Node: n, ipam: ipam.New(n.DS)}
-}
 
 // nodeStatus runs `tabbyctl node status` inside the node, as a user on it
 // would, and returns what it printed.
@@ -70,7 +44,7 @@ func nodeStatus(t *testing.T, n *testNode, tabbyctl string, args ...string) stri
 // of its IPv4 one and restarted, tabbyd publishes it
 // (tabby.io/ipv6-address) and the problem is gone.
 func TestTabbydNoIPv6Address(t *testing.T) {
-	n := newNodeWith(t, "10.254.0.1/24")
+	n := newNodeWith(t, testnet.NodeOptions{UplinkAddrs: []string{"10.254.0.1/24"}})
 	n.addPool(t, 4, nil)
 	p6 := n.addPool(t, 6, nil)
 	tabbyctl, err := testnet.Binary(t.TempDir(), "tabbyctl")
