@@ -60,6 +60,12 @@ type Inputs struct {
 	// Passwords holds each BGPPeer's password by BGPPeer name, already
 	// read from its Secret.
 	Passwords map[string]string
+	// NoIPv6Pools says the cluster has no IPv6 IPPool: sessions between
+	// nodes are then IPv4 only, as IPv6 would carry nothing, so that
+	// nodes which merely have IPv6 addresses (most hosts do) in an IPv4
+	// cluster open no IPv6 session a firewall between them may block.
+	// BGPPeers of either family are kept.
+	NoIPv6Pools bool
 }
 
 // Kind says why a session exists.
@@ -246,7 +252,7 @@ func (d *peerBuilder) nodePeers(n Node, kind Kind, bgpPeer, password string, res
 	self := d.in.Self
 	for _, family := range []int{4, 6} {
 		local, remote := self.addr(family), n.addr(family)
-		if !local.IsValid() || !remote.IsValid() {
+		if !local.IsValid() || !remote.IsValid() || (family == 6 && d.in.NoIPv6Pools && bgpPeer == "") {
 			continue
 		}
 		p := Peer{

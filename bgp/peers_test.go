@@ -113,6 +113,13 @@ func TestDesiredPeers(t *testing.T) {
 		{name: "dual stack gives one session per family",
 			in:   all(dual, dual2),
 			want: "10.0.0.2 node-mesh as64512; fd00::2 node-mesh as64512"},
+		{name: "without an IPv6 pool, dual-stack nodes meet over IPv4 only",
+			in: func() Inputs {
+				in := all(dual, dual2)
+				in.NoIPv6Pools = true
+				return in
+			}(),
+			want: "10.0.0.2 node-mesh as64512"},
 		{name: "mesh settings: AS, port, restart time, password",
 			in: func() Inputs {
 				in := all(node(1), node(2))
