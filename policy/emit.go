@@ -76,6 +76,7 @@ func (c *compiler) emit() *Ruleset {
 	for fam, family := range families {
 		c.emitFamily(fam, family, sigs)
 	}
+	c.rs.Denials = c.denials(sigs)
 	c.sortRuleset()
 	rs := c.rs
 	return &rs
@@ -145,7 +146,7 @@ func (c *compiler) emitFamily(fam int, family string, sigs []*signature) {
 	add(ChainFromPod, from)
 	add(ChainToPod, to)
 	for _, s := range sigs {
-		add(s.name, s.rules())
+		add(s.name, s.rules(c.logRule(s)))
 	}
 	for _, p := range c.policies {
 		for _, dir := range allDirections {
@@ -234,13 +235,17 @@ func (c *compiler) unselectedSets(fam int, family string) (eg, in string) {
 }
 
 // rules are the signature's chain: each policy's chain in turn, the first
-// to mark the packet accepts it, and none drops it.
-func (s *signature) rules() [][]string {
+// to mark the packet accepts it, and none drops it (after log, when not
+// nil, logs it).
+func (s *signature) rules(log []string) [][]string {
 	rules := [][]string{{"-j", "MARK", "--set-xmark", markClear}}
 	for _, p := range s.pols {
 		rules = append(rules,
 			[]string{"-m", "comment", "--comment", comment(p.key), "-j", p.chain(s.dir)},
 			[]string{"-m", "mark", "--mark", markSet, "-j", "RETURN"})
+	}
+	if log != nil {
+		rules = append(rules, log)
 	}
 	return append(rules, []string{"-j", "DROP"})
 }

@@ -139,6 +139,10 @@ type Input struct {
 	// Limits bound what one policy may expand to; zero fields take the
 	// defaults.
 	Limits Limits
+	// DeniedLog, when set, logs what the per-pod chains drop (NFLOG,
+	// rate-limited in the kernel); Ruleset.Denials say what each log
+	// prefix stands for.
+	DeniedLog *DeniedLog
 }
 
 // Limits bound the ipsets and iptables rules one NetworkPolicy may make on
@@ -264,6 +268,7 @@ type Endpoint struct {
 //	                 -m comment --comment <ns/policy> -j TABBY-NP-PE-<h>            per policy, sorted
 //	                 -m mark --mark 0x10000/0x10000 -j RETURN
 //	                 ...
+//	                 (with Input.DeniedLog: -m hashlimit … -j NFLOG --nflog-prefix tabby:E-<H>; see DeniedLog)
 //	                 -j DROP
 //	TABBY-NP-I-<h>   the same for ingress, jumping to TABBY-NP-PI-<h>
 //	TABBY-NP-PE-<h>  one chain per policy with egress: every rule that allows a
@@ -319,6 +324,9 @@ type Ruleset struct {
 	// it programmed once the Ruleset is in the kernel. It is every local,
 	// non-hostNetwork Endpoint with a usable HostIface, sorted.
 	Programmed []string
+	// Denials say, with Input.DeniedLog, what each NFLOG prefix of the
+	// rules stands for (one per TABBY-NP-E-/I- chain), sorted by Prefix.
+	Denials []Denial
 }
 
 // SetType is an ipset type.

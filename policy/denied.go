@@ -1,0 +1,137 @@
+package policy
+
+import (
+	"strconv"
+	"strings"
+)
+
+// DeniedLog turns on the log of denied packets: every per-pod chain
+// (TABBY-NP-E-/I-) gets, just before its final DROP, a rule that sends the
+// packet to the NFLOG group Group with the prefix of its Denial, rate
+// limited in the kernel so that a flood of denied packets costs the node
+// no more than the limits allow:
+//
+//	-m hashlimit --hashlimit-upto <PerSource>/sec --hashlimit-burst <Burst>
+//	   --hashlimit-mode srcip --hashlimit-name tabby-log-src --hashlimit-htable-max 65536
+//	-m hashlimit --hashlimit-upto <PerNode>/sec --hashlimit-burst <Burst>
+//	   --hashlimit-name tabby-log-all
+//	-j NFLOG --nflog-group <Group> --nflog-prefix tabby:I-<H> --nflog-size 128
+//
+// The hashlimit tables are shared by name across every chain: each source
+// address gets its own bucket (one noisy pod cannot use up another's), and
+// the node's total is bounded. Packets over the limits are dropped
+// unlogged. Only the first 128 bytes of a packet (its headers) are copied
+// to the reader.
+type DeniedLog struct {
+	// Group is the NFLOG group (0-65535) the rules send to and tabbyd
+	// reads; DefaultDeniedLogGroup when 0 (kube-router's, too).
+	Group uint16
+	// PerSource and PerNode bound the packets logged per second from one
+	// source address and from all of them; Burst is how many may come at
+	// once. Zero takes the defaults.
+	PerSource, PerNode, Burst int
+}
+
+// Defaults of DeniedLog.
+const (
+	DefaultDeniedLogGroup     = 100
+	DefaultDeniedLogPerSource = 10
+	DefaultDeniedLogPerNode   = 1000
+	DefaultDeniedLogBurst     = 20
+	// DeniedLogPrefix starts the NFLOG prefix of every denied-packet rule;
+	// the rest is the per-pod chain's kind and hash ("I-<H>" or "E-<H>"),
+	// 22 bytes in all, within NFLOG's 64.
+	DeniedLogPrefix = "tabby:"
+	// deniedLogSnap is how much of each packet is copied: IPv6 with
+	// extension headers and the transport header fit.
+	deniedLogSnap = 128
+)
+
+// Denial is what a per-pod chain's log prefix stands for: the packets it
+// logs are those the Policies (all selecting the pod, in Direction) do not
+// allow. A packet is denied by all of them at once: NetworkPolicies only
+// allow, and a pod they select is isolated from everything none of them
+// allows.
+type Denial struct {
+	// Prefix is the NFLOG prefix, "tabby:I-<H>" or "tabby:E-<H>".
+	Prefix string `json:"prefix"`
+	// Chain is the per-pod chain (TABBY-NP-I-<H>).
+	Chain string `json:"chain"`
+	// Direction is "ingress" or "egress", from the local pod's side.
+	Direction string `json:"direction"`
+	// Policies are the policies selecting the pod ("namespace/name"),
+	// sorted.
+	Policies []string `json:"policies"`
+}
+
+// Reason says why the packet was dropped, for people.
+func (d Denial) Reason() string {
+	if len(d.Policies) == 1 {
+		return "default deny of policy " + d.Policies[0] + " (no rule of it allows this " + d.Direction + ")"
+	}
+	return "isolated for " + d.Direction + " by policies " + strings.Join(d.Policies, ", ") + " (no rule of them allows it)"
+}
+
+func (l DeniedLog) withDefaults() DeniedLog {
+	if l.Group == 0 {
+		l.Group = DefaultDeniedLogGroup
+	}
+	if l.PerSource <= 0 {
+		l.PerSource = DefaultDeniedLogPerSource
+	}
+	if l.PerNode <= 0 {
+		l.PerNode = DefaultDeniedLogPerNode
+	}
+	if l.Burst <= 0 {
+		l.Burst = DefaultDeniedLogBurst
+	}
+	return l
+}
+
+// denials are the Ruleset's Denials, one per signature, when the log is on.
+func (c *compiler) denials(sigs []*signature) []Denial {
+	if c.in.DeniedLog == nil {
+		return nil
+	}
+	out := make([]Denial, 0, len(sigs))
+	for _, s := range sigs {
+		pols := make([]string, len(s.pols))
+		for i, p := range s.pols {
+			pols[i] = p.key
+		}
+		out = append(out, Denial{Prefix: s.logPrefix(), Chain: s.name, Direction: s.dir.String(), Policies: pols})
+	}
+	return out // sigs are sorted by chain name, and so by prefix
+}
+
+// logPrefix is the signature's NFLOG prefix: DeniedLogPrefix and the
+// chain's name without PolicyChainPrefix.
+func (s *signature) logPrefix() string {
+	return DeniedLogPrefix + strings.TrimPrefix(s.name, PolicyChainPrefix)
+}
+
+// logRule is the rule logging what the signature's chain drops, nil when
+// the log is off.
+func (c *compiler) logRule(s *signature) []string {
+	if c.in.DeniedLog == nil {
+		return nil
+	}
+	l := c.in.DeniedLog.withDefaults()
+	burst := strconv.Itoa(l.Burst)
+	return []string{
+		"-m", "hashlimit", "--hashlimit-upto", strconv.Itoa(l.PerSource) + "/sec", "--hashlimit-burst", burst,
+		"--hashlimit-mode", "srcip", "--hashlimit-name", "tabby-log-src", "--hashlimit-htable-max", "65536",
+		"-m", "hashlimit", "--hashlimit-upto", strconv.Itoa(l.PerNode) + "/sec", "--hashlimit-burst", burst,
+		"--hashlimit-name", "tabby-log-all",
+		"-j", "NFLOG", "--nflog-group", strconv.Itoa(int(l.Group)), "--nflog-prefix", s.logPrefix(),
+		"--nflog-size", strconv.Itoa(deniedLogSnap),
+	}
+}
+
+// String is "ingress" or "egress".
+func (d direction) String() string {
+	if d == dirEgress {
+		return "egress"
+	}
+	return "ingress"
+}

@@ -1,0 +1,92 @@
+package policy
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func deniedInput(log *DeniedLog) *Input {
+	pod := func(name, ip, iface string, kv ...string) Endpoint {
+		l := ml(kv...).MatchLabels
+		return Endpoint{Pod: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Labels: l}},
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}, HostIface: iface}
+	}
+	return &Input{
+		Node: "n1",
+		Endpoints: []Endpoint{
+			pod("db", "10.0.0.1", "tab00000000001", "app", "db"),
+			pod("web", "10.0.0.2", "tab00000000002", "app", "web"),
+			pod("other", "10.0.0.3", "tab00000000003"),
+		},
+		Policies: nps(
+			pol("shop", "db-from-web", ml("app", "db"), ingress(peers{selPeer(mlp("app", "web"))}, num("TCP", 5432))),
+			pol("shop", "default-deny", ml(), types(tIn)),
+			pol("shop", "web-egress", ml("app", "web"), types(tEg), egress(peers{selPeer(mlp("app", "db"))})),
+		),
+		DeniedLog: log,
+	}
+}
+
+// TestDeniedLogRules: with DeniedLog, each per-pod chain logs just before
+// its DROP with the prefix of its Denial, which names the policies of the
+// chain; nothing else changes.
+func TestDeniedLogRules(t *testing.T) {
+	off := Compile(deniedInput(nil))
+	on := Compile(deniedInput(&DeniedLog{Group: 7, PerSource: 3}))
+	if len(off.Denials) != 0 {
+		t.Errorf("Denials without the log: %v", off.Denials)
+	}
+	byChain := map[string]Denial{}
+	for _, d := range on.Denials {
+		byChain[d.Chain] = d
+		if len(d.Prefix) > 63 || !strings.HasPrefix(d.Prefix, DeniedLogPrefix) {
+			t.Errorf("prefix %q: must start with %q and fit NFLOG's 63 bytes", d.Prefix, DeniedLogPrefix)
+		}
+	}
+	want := map[string][]string{ // direction -> policies of each chain
+		"ingress": {"shop/db-from-web,shop/default-deny", "shop/default-deny"},
+		"egress":  {"shop/web-egress"},
+	}
+	got := map[string][]string{}
+	for _, d := range on.Denials {
+		got[d.Direction] = append(got[d.Direction], strings.Join(d.Policies, ","))
+	}
+	for _, v := range got {
+		slices.Sort(v)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Denials (-want +got):\n%s", diff)
+	}
+	if len(on.Chains) != len(off.Chains) {
+		t.Fatalf("%d chains with the log, %d without", len(on.Chains), len(off.Chains))
+	}
+	logged := 0
+	for i, c := range on.Chains {
+		rules := c.Rules
+		if d, ok := byChain[c.Name]; ok {
+			n := len(rules)
+			logRule := strings.Join(rules[n-2], " ")
+			if !strings.Contains(logRule, "-j NFLOG --nflog-group 7 --nflog-prefix "+d.Prefix+" ") ||
+				!strings.Contains(logRule, "--hashlimit-upto 3/sec") || !strings.Contains(logRule, "--hashlimit-mode srcip") {
+				t.Errorf("%s %s: rule before the DROP is %q, want the NFLOG of %s", c.Family, c.Name, logRule, d.Prefix)
+			}
+			rules = slices.Delete(slices.Clone(rules), n-2, n-1)
+			logged++
+		}
+		if diff := cmp.Diff(off.Chains[i].Rules, rules); diff != "" {
+			t.Errorf("%s %s differs beyond its log rule (-off +on):\n%s", c.Family, c.Name, diff)
+		}
+	}
+	if logged != 2*len(on.Denials) {
+		t.Errorf("%d chains log, want one per Denial and family (%d)", logged, 2*len(on.Denials))
+	}
+	if r := on.Denials[0].Reason(); !strings.Contains(r, "shop/") {
+		t.Errorf("Reason %q names no policy", r)
+	}
+}
