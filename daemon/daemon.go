@@ -100,6 +100,14 @@ type Config struct {
 	// PolicyLimits bound what one NetworkPolicy may expand to
 	// (netpol.Config.Limits); zero fields take policy's defaults.
 	PolicyLimits policy.Limits
+	// DeniedLog, when set, logs what NetworkPolicy drops (NFLOG from the
+	// per-pod chains, rate-limited in the kernel; policy.DeniedLog) and
+	// serves the last DeniedLogBuffer records (netpol.DefaultDeniedBuffer
+	// when 0) on /policy/denied; DeniedLogFile, when set, gets each as a
+	// JSON line (rotated at 100 MiB, 3 kept).
+	DeniedLog       *policy.DeniedLog
+	DeniedLogFile   string
+	DeniedLogBuffer int
 	// IPTablesBackend is "legacy" or "nft"; "" detects the one the node
 	// uses. Routing (NAT outgoing) and NetworkPolicy both use it.
 	IPTablesBackend iptbackend.Mode
@@ -170,7 +178,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	routes := startRouting(gs, cfg, ds, backend, met, mux)
-	policies, err := startPolicy(gs, cfg, rc, ds, backend, met)
+	policies, err := startPolicy(gs, cfg, rc, ds, backend, met, mux)
 	if err != nil {
 		return err
 	}

@@ -5,21 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/remotecommand"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/podexec"
 )
 
 // Load reads what Build needs from the API server: the Nodes, the
@@ -127,17 +125,11 @@ func Statuses(ctx context.Context, ds *datastore.Client, src StatusSource, in *I
 // the same: what it printed counts whatever its exit status.
 func (src StatusSource) status(ctx context.Context, ds *datastore.Client, pod *corev1.Pod) (*nodestatus.Status, error) {
 	command := append([]string(nil), src.Command...)
-	if ep := healthListen(pod, src.Container); ep != "" {
+	if ep := podexec.HealthListen(pod, src.Container); ep != "" {
 		command = append(command, "--endpoint="+ep)
 	}
-	req := ds.CoreREST().Post().Namespace(pod.Namespace).Resource("pods").Name(pod.Name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: src.Container, Command: command, Stdout: true, Stderr: true}, datastore.ParameterCodec)
-	exec, err := newExecutor(src.Config, req.URL())
-	if err != nil {
-		return nil, err
-	}
 	var stdout, stderr bytes.Buffer
-	runErr := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
+	runErr := podexec.Exec(ctx, src.Config, ds, pod, src.Container, command, &stdout, &stderr)
 	st := &nodestatus.Status{}
 	if err := json.Unmarshal(stdout.Bytes(), st); err == nil && st.Node != "" {
 		return st, nil
@@ -150,41 +142,4 @@ func (src StatusSource) status(ctx context.Context, ds *datastore.Client, pod *c
 		why = strings.TrimSpace(runErr.Error() + ": " + why)
 	}
 	return nil, fmt.Errorf("%s in pod %s/%s: %s", strings.Join(command, " "), pod.Namespace, pod.Name, why)
-}
-
-// newExecutor speaks WebSocket to the API server, falling back to SPDY
-// where the WebSocket upgrade fails (servers older than v1.30), as
-// kubectl exec does.
-func newExecutor(cfg *rest.Config, u *url.URL) (remotecommand.Executor, error) {
-	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", u.String())
-	if err != nil {
-		return nil, fmt.Errorf("exec over WebSocket: %w", err)
-	}
-	spdy, err := remotecommand.NewSPDYExecutor(cfg, "POST", u)
-	if err != nil {
-		return nil, fmt.Errorf("exec over SPDY: %w", err)
-	}
-	return remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
-		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
-	})
-}
-
-// healthListen is the --health-listen argument of the pod's container,
-// "" when it has none (tabbyctl's default then matches tabbyd's).
-func healthListen(pod *corev1.Pod, container string) string {
-	for _, c := range pod.Spec.Containers {
-		if c.Name != container {
-			continue
-		}
-		args := append(append([]string(nil), c.Command...), c.Args...)
-		for i, a := range args {
-			if v, ok := strings.CutPrefix(a, "--health-listen="); ok {
-				return v
-			}
-			if a == "--health-listen" && i+1 < len(args) {
-				return args[i+1]
-			}
-		}
-	}
-	return ""
 }

@@ -19,9 +19,9 @@ func init() { subcommands = append(subcommands, newPolicyCommand) }
 func newPolicyCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "policy",
-		Short: "NetworkPolicy as tabbyd enforces it: why can (or can't) A reach B",
+		Short: "NetworkPolicy as tabbyd enforces it: why can (or can't) A reach B, and what it denied",
 	}
-	cmd.AddCommand(policyTraceCommand())
+	cmd.AddCommand(policyTraceCommand(), policyDeniedCommand())
 	return cmd
 }
 

@@ -33,6 +33,8 @@ func main() {
 	var nodeIP, iptMode, poolCIDR, poolEncap, pool6CIDR string
 	var logFlags *logging.Flags
 	var poolBlockSize, pool6BlockSize int
+	var deniedLog bool
+	var denied policy.DeniedLog
 	cmd := &cobra.Command{
 		Use:     "tabbyd",
 		Short:   "tabby's node daemon: BGP, routes and NetworkPolicy for one node",
@@ -66,6 +68,12 @@ func main() {
 				if l.val < 1 || l.val > l.max {
 					return fmt.Errorf("--%s (%d) must be from 1 to %d", l.flag, l.val, l.max)
 				}
+			}
+			if deniedLog {
+				if err := checkDeniedLog(denied, cfg.DeniedLogBuffer); err != nil {
+					return err
+				}
+				cfg.DeniedLog = &denied
 			}
 			if cfg.NodeName == "" {
 				cfg.NodeName, _ = os.Hostname()
@@ -111,6 +119,13 @@ func main() {
 		"most members of one ipset a NetworkPolicy's rules may name (its ipBlocks take one per CIDR, pod peers one per address); a policy over a limit allows nothing to the pods it selects and is reported with an Event")
 	f.IntVar(&cfg.PolicyLimits.Sets, policy.FlagMaxPolicySets, policy.DefaultMaxPolicySets, "most ipsets one NetworkPolicy's rules may name (both families)")
 	f.IntVar(&cfg.PolicyLimits.Rules, policy.FlagMaxRules, policy.DefaultMaxPolicyRules, "most iptables rules one NetworkPolicy may make (per family)")
+	f.BoolVar(&deniedLog, "denied-log", false, "log the packets NetworkPolicy drops (NFLOG from tabby's chains, rate-limited in the kernel): tabbyctl policy denied reads them, /metrics counts them by namespace and policy")
+	f.Uint16Var(&denied.Group, "denied-log-group", policy.DefaultDeniedLogGroup, "NFLOG group of the denied-packet log (1-65535; no other program of the node may read it)")
+	f.IntVar(&denied.PerSource, "denied-log-rate", policy.DefaultDeniedLogPerSource, "most denied packets logged per second from one source address (the kernel drops the rest unlogged)")
+	f.IntVar(&denied.PerNode, "denied-log-node-rate", policy.DefaultDeniedLogPerNode, "most denied packets logged per second on the node in all")
+	f.IntVar(&denied.Burst, "denied-log-burst", policy.DefaultDeniedLogBurst, "how many denied packets may be logged at once above the rates")
+	f.IntVar(&cfg.DeniedLogBuffer, "denied-log-buffer", netpol.DefaultDeniedBuffer, "how many denied packets tabbyd keeps for tabbyctl policy denied")
+	f.StringVar(&cfg.DeniedLogFile, "denied-log-file", "", "also write each denied packet as a JSON line to this file, for a log shipper (rotated at 100 MiB, 3 kept); \"\" writes none")
 	f.StringVar(&iptMode, "iptables-backend", "", "iptables backend for NAT outgoing and NetworkPolicy: legacy or nft (default: the one the node's rules are in, as kube-proxy's wrapper detects it)")
 	f.StringVar(&poolCIDR, "default-ipv4-pool-cidr", "", "create the IPPool "+daemon.DefaultPoolName+" with this CIDR when the cluster has no IPv4 IPPool (as calico-node's CALICO_IPV4POOL_CIDR); \"\" never creates one")
 	f.IntVar(&poolBlockSize, "default-ipv4-pool-block-size", 0, "block size of the default IPv4 pool (0: 26)")
@@ -132,4 +147,25 @@ func exitError(log *slog.Logger, err error) {
 		fmt.Fprintln(os.Stderr, "Error:", err)
 	}
 	os.Exit(1)
+}
+
+// checkDeniedLog checks the --denied-log-* flags.
+func checkDeniedLog(d policy.DeniedLog, buffer int) error {
+	if d.Group == 0 {
+		return fmt.Errorf("--denied-log-group must be from 1 to 65535")
+	}
+	for _, l := range []struct {
+		flag     string
+		val, max int
+	}{
+		{"denied-log-rate", d.PerSource, 10000},
+		{"denied-log-node-rate", d.PerNode, 100000},
+		{"denied-log-burst", d.Burst, 10000},
+		{"denied-log-buffer", buffer, 1000000},
+	} {
+		if l.val < 1 || l.val > l.max {
+			return fmt.Errorf("--%s (%d) must be from 1 to %d", l.flag, l.val, l.max)
+		}
+	}
+	return nil
 }

@@ -106,6 +106,11 @@ type Config struct {
 	// a policy over them is reported and fails closed, the others are
 	// enforced.
 	Limits policy.Limits
+	// DeniedLog, when set, logs what policy drops
+	// (policy.Input.DeniedLog), and Denied, when set, learns what each
+	// sync programs, to turn those packets into records.
+	DeniedLog *policy.DeniedLog
+	Denied    *Denied
 	// Recorder reports refused policies as Events (NewRecorder); nil:
 	// they are only logged.
 	Recorder record.EventRecorder
@@ -273,6 +278,7 @@ func (c *Controller) Input() *policy.Input {
 		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), datastore.StoreList[tabbyv1.IPAMBlock](c.blocks))
 	in.DenyUnlisted = c.cfg.DenyUnlisted
 	in.Limits = c.cfg.Limits
+	in.DeniedLog = c.cfg.DeniedLog
 	return in
 }
 
@@ -315,6 +321,9 @@ func (c *Controller) sync(parent context.Context) (err error) {
 		return err
 	}
 	c.report(rs.Problems)
+	if c.cfg.Denied != nil {
+		c.cfg.Denied.Update(in, rs, true)
+	}
 	st, err := c.cfg.Applier.Apply(ctx, rs)
 	c.met.observeStats(st)
 	if err != nil {
@@ -322,6 +331,9 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	}
 	c.met.syncTime.WithLabelValues("apply").Observe(time.Since(compiled).Seconds())
 	c.met.observeRuleset(in, rs)
+	if c.cfg.Denied != nil {
+		c.cfg.Denied.Update(in, rs, false)
+	}
 	done := localEndpoints(in, rs.Programmed)
 	c.mu.Lock()
 	c.applied = applied{gen: gen, at: time.Now(), endpoints: done}

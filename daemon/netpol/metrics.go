@@ -104,15 +104,19 @@ func (m *metrics) register(r prometheus.Registerer) error {
 
 // Metrics are the policy loop's metrics, made before the loop so that a
 // program registers all of its metrics in one place (daemon.NewMetrics).
-type Metrics struct{ m *metrics }
+// The denied-packet log's are there too.
+type Metrics struct {
+	m      *metrics
+	denied *deniedMetrics
+}
 
 // NewMetrics registers the policy loop's metrics with r.
 func NewMetrics(r prometheus.Registerer) (*Metrics, error) {
-	m := newMetrics()
-	if err := m.register(r); err != nil {
+	m, d := newMetrics(), newDeniedMetrics()
+	if err := errors.Join(m.register(r), d.register(r)); err != nil {
 		return nil, fmt.Errorf("netpol: registering metrics: %w", err)
 	}
-	return &Metrics{m}, nil
+	return &Metrics{m, d}, nil
 }
 
 // observeRuleset sets the size gauges from a ruleset.

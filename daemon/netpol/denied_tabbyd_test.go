@@ -1,0 +1,233 @@
+package netpol
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tabbynet/tabby/daemon/deniedlog"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/internal/testnet"
+)
+
+// TestTabbydDeniedLog runs tabbyd --denied-log in a node with a client
+// and a server pod that a deny-all policy isolates: a denied connection
+// appears within a second in `tabbyctl policy denied` (the real binary,
+// asking the node's tabbyd), with both pods, the port and the policy; in
+// the JSON-lines file; and in the counter. A UDP flood from the client
+// is bounded by the kernel's rate limit before tabbyd sees it; the test
+// logs tabbyd's CPU during the flood, with the limits and without.
+func TestTabbydDeniedLog(t *testing.T) {
+	e := newE2E(t)
+	e.policy(t, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "server-deny-all"},
+		Spec:       networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}},
+	})
+	file := filepath.Join(t.TempDir(), "denied.jsonl")
+	e.startTabbyd(t, "--denied-log", "--denied-log-file="+file)
+	server := e.mustAdd(t, "server", map[string]string{"app": "server"})
+	client := e.mustAdd(t, "client", map[string]string{"app": "client"})
+	addr := serve(t, server)
+	ctl := tabbyctl(t)
+
+	// Following the server's records, a denied connection shows within a
+	// second.
+	follow := e.follow(t, ctl, "--pod="+e.ns+"/server")
+	start := time.Now()
+	probed := make(chan bool, 1)
+	go func() { probed <- reaches(client, addr) }() // blocks its second: SYNs are dropped
+	var r deniedlog.Record
+	select {
+	case r = <-follow:
+		t.Logf("record printed %v after the connection began: %+v", time.Since(start).Round(time.Millisecond), r)
+	case <-time.After(time.Second):
+		t.Fatal("no record from tabbyctl policy denied -f within a second of a denied connection")
+	}
+	if <-probed {
+		t.Fatal("the client reached the server through a deny-all policy")
+	}
+	want := deniedlog.Record{Node: e.node, Direction: "ingress", Protocol: "TCP",
+		Src:      deniedlog.Endpoint{IP: client.ip.String(), Pod: e.ns + "/client"},
+		Dst:      deniedlog.Endpoint{IP: server.ip.String(), Port: 80, Pod: e.ns + "/server"},
+		Policies: []string{e.ns + "/server-deny-all"}}
+	if r.Node != want.Node || r.Direction != want.Direction || r.Protocol != want.Protocol || r.Src.IP != want.Src.IP ||
+		r.Src.Pod != want.Src.Pod || r.Dst != want.Dst || strings.Join(r.Policies, ",") != strings.Join(want.Policies, ",") ||
+		!strings.Contains(r.Reason, "default deny of policy "+e.ns+"/server-deny-all") {
+		t.Errorf("record %+v, want %+v with the reason naming the policy", r, want)
+	}
+
+	// The whole buffer, as a table, through the real tabbyctl.
+	out := e.ctl(t, ctl)
+	if !strings.Contains(out, e.ns+"/client ("+client.ip.String()) || !strings.Contains(out, e.ns+"/server ("+server.ip.String()+":80)") {
+		t.Errorf("tabbyctl policy denied printed:\n%s", out)
+	}
+	if b, err := os.ReadFile(file); err != nil || !strings.Contains(string(b), `"pod":"`+e.ns+`/server"`) {
+		t.Errorf("--denied-log-file: %v\n%s", err, b)
+	}
+	series := fmt.Sprintf(`tabby_policy_denied_packets_logged_total{direction="ingress",namespace="%s",policy="server-deny-all"}`, e.ns)
+	if got := e.metrics()[series]; got < 1 {
+		t.Errorf("%s = %v, want at least 1", series, got)
+	}
+
+	// A flood from one source: the kernel logs what the limits allow
+	// (--denied-log-rate 10/s, burst 20), whatever is sent.
+	const flood = 3 * time.Second
+	before := e.metrics()[series]
+	sent, cpu := e.udpFlood(t, client, server, flood)
+	logged := e.metrics()[series] - before
+	t.Logf("flood of %v: %d denied UDP packets sent (%.0f/s), %v logged; tabbyd used %v of CPU (%.1f%% of one core)",
+		flood, sent, float64(sent)/flood.Seconds(), logged, cpu, 100*cpu.Seconds()/flood.Seconds())
+	if limit := 20 + 10*(flood.Seconds()+1); logged > limit {
+		t.Errorf("%v packets of one source logged in %v, over the limits' %v", logged, flood, limit)
+	}
+	if logged < 10 {
+		t.Errorf("only %v packets of the flood logged", logged)
+	}
+	if sent < 1000 {
+		t.Errorf("the flood sent only %d packets", sent)
+	}
+}
+
+// TestTabbydDeniedLogUnlimited measures what the rate limit saves: the
+// same flood with limits far above it. It only reports.
+func TestTabbydDeniedLogUnlimited(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a measurement")
+	}
+	e := newE2E(t)
+	e.policy(t, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "server-deny-all"},
+		Spec:       networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}},
+	})
+	e.startTabbyd(t, "--denied-log", "--denied-log-rate=10000", "--denied-log-node-rate=100000", "--denied-log-burst=10000")
+	server := e.mustAdd(t, "server", map[string]string{"app": "server"})
+	client := e.mustAdd(t, "client", map[string]string{"app": "client"})
+	series := fmt.Sprintf(`tabby_policy_denied_packets_logged_total{direction="ingress",namespace="%s",policy="server-deny-all"}`, e.ns)
+	const flood = 3 * time.Second
+	sent, cpu := e.udpFlood(t, client, server, flood)
+	m := e.metrics()
+	t.Logf("flood of %v, limits 10000/s per source: %d sent (%.0f/s), %v logged, %v lost; tabbyd used %v of CPU (%.1f%% of one core)",
+		flood, sent, float64(sent)/flood.Seconds(), m[series], m["tabby_policy_denied_lost_total"], cpu, 100*cpu.Seconds()/flood.Seconds())
+}
+
+// udpFlood sends UDP from one pod to another's port 9 as fast as one
+// socket can for d, and returns how many datagrams it sent and the CPU
+// tabbyd used meanwhile.
+func (e *e2e) udpFlood(t *testing.T, from, to *e2ePod, d time.Duration) (int, time.Duration) {
+	t.Helper()
+	cpu0 := processCPU(t, e.d.Cmd.Process.Pid)
+	sent := 0
+	err := from.NS.Do(func(ns.NetNS) error {
+		c, err := net.Dial("udp", net.JoinHostPort(to.ip.String(), "9"))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		msg := make([]byte, 64)
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			for range 100 {
+				if _, err := c.Write(msg); err == nil {
+					sent++
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the last batch
+	return sent, processCPU(t, e.d.Cmd.Process.Pid) - cpu0
+}
+
+// processCPU is the user and system CPU time a process has used.
+func processCPU(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// After the command's name in parentheses: fields 3 on; utime and
+	// stime are the 14th and 15th, in clock ticks (100 a second).
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// tabbyctl is the tabbyctl binary under test.
+func tabbyctl(t *testing.T) string {
+	t.Helper()
+	bin, err := testnet.Binary(filepath.Join(clustertest.Cluster(t).Dir, "netpol-bin"), "tabbyctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// ctl runs tabbyctl policy denied in the node (whose tabbyd it asks).
+func (e *e2e) ctl(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("nsenter", append([]string{"--net=" + e.n.NS.Path(), bin, "policy", "denied"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("tabbyctl policy denied %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// follow runs tabbyctl policy denied -f -o json in the node until the
+// test ends, and sends each record it prints.
+func (e *e2e) follow(t *testing.T, bin string, args ...string) <-chan deniedlog.Record {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + e.n.NS.Path(), bin, "policy", "denied", "-f", "-o", "json"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan deniedlog.Record, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var r deniedlog.Record
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				t.Errorf("tabbyctl policy denied -f printed %q: %v", sc.Text(), err)
+				continue
+			}
+			ch <- r
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("tabbyctl policy denied -f stderr: %s", stderr.String())
+		}
+	})
+	// Give it the time to connect: records before that come from the
+	// buffer anyway.
+	time.Sleep(200 * time.Millisecond)
+	return ch
+}
