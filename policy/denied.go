@@ -12,9 +12,9 @@ import (
 // no more than the limits allow:
 //
 //	-m hashlimit --hashlimit-upto <PerSource>/sec --hashlimit-burst <Burst>
-//	   --hashlimit-mode srcip --hashlimit-name tabby-log-src --hashlimit-htable-max 65536
+//	   --hashlimit-mode srcip --hashlimit-name tabby-s-<h> --hashlimit-htable-max 65536
 //	-m hashlimit --hashlimit-upto <PerNode>/sec --hashlimit-burst <Burst>
-//	   --hashlimit-name tabby-log-all
+//	   --hashlimit-name tabby-n-<h>
 //	-j NFLOG --nflog-group <Group> --nflog-prefix tabby:I-<H> --nflog-size 128
 //
 // The hashlimit tables are shared by name across every chain: each source
@@ -117,15 +117,24 @@ func (c *compiler) logRule(s *signature) []string {
 		return nil
 	}
 	l := c.in.DeniedLog.withDefaults()
+	src, all := strconv.Itoa(l.PerSource)+"/sec", strconv.Itoa(l.PerNode)+"/sec"
 	burst := strconv.Itoa(l.Burst)
 	return []string{
-		"-m", "hashlimit", "--hashlimit-upto", strconv.Itoa(l.PerSource) + "/sec", "--hashlimit-burst", burst,
-		"--hashlimit-mode", "srcip", "--hashlimit-name", "tabby-log-src", "--hashlimit-htable-max", "65536",
-		"-m", "hashlimit", "--hashlimit-upto", strconv.Itoa(l.PerNode) + "/sec", "--hashlimit-burst", burst,
-		"--hashlimit-name", "tabby-log-all",
+		"-m", "hashlimit", "--hashlimit-upto", src, "--hashlimit-burst", burst,
+		"--hashlimit-mode", "srcip", "--hashlimit-name", limitName("s", src, burst), "--hashlimit-htable-max", "65536",
+		"-m", "hashlimit", "--hashlimit-upto", all, "--hashlimit-burst", burst,
+		"--hashlimit-name", limitName("n", all, burst),
 		"-j", "NFLOG", "--nflog-group", strconv.Itoa(int(l.Group)), "--nflog-prefix", s.logPrefix(),
 		"--nflog-size", strconv.Itoa(deniedLogSnap),
 	}
+}
+
+// limitName names a hashlimit table: the kernel shares a table among the
+// rules naming it and keeps the rate it was made with while any rule
+// names it, so the name carries the rate (new limits get a new table).
+// "tabby-s-" or "tabby-n-" and 6 characters: within the kernel's 15.
+func limitName(kind string, params ...string) string {
+	return "tabby-" + kind + "-" + strings.ToLower(hash(params...)[:6])
 }
 
 // String is "ingress" or "egress".

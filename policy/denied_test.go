@@ -90,3 +90,37 @@ func TestDeniedLogRules(t *testing.T) {
 		t.Errorf("Reason %q names no policy", r)
 	}
 }
+
+// TestDeniedLogLimitNames: the hashlimit tables' names change with the
+// limits (the kernel keeps a table's first rate while any rule names it),
+// and fit the kernel's 15 bytes.
+func TestDeniedLogLimitNames(t *testing.T) {
+	names := func(l DeniedLog) (src, all string) {
+		rs := Compile(deniedInput(&l))
+		for _, c := range rs.Chains {
+			if n := len(c.Rules); n >= 2 && slices.Contains(c.Rules[n-2], "NFLOG") {
+				r := c.Rules[n-2]
+				var got []string
+				for i, a := range r {
+					if a == "--hashlimit-name" {
+						got = append(got, r[i+1])
+					}
+				}
+				return got[0], got[1]
+			}
+		}
+		t.Fatal("no log rule")
+		return "", ""
+	}
+	s1, a1 := names(DeniedLog{})
+	s2, a2 := names(DeniedLog{PerSource: 11})
+	s3, a3 := names(DeniedLog{PerNode: 5000})
+	for _, n := range []string{s1, a1, s2, a2, s3, a3} {
+		if len(n) > 15 {
+			t.Errorf("hashlimit name %q is over 15 bytes", n)
+		}
+	}
+	if s1 == s2 || a1 != a2 || s1 != s3 || a1 == a3 || s1 == a1 {
+		t.Errorf("names by limits: default %s %s, per source 11 %s %s, per node 5000 %s %s", s1, a1, s2, a2, s3, a3)
+	}
+}

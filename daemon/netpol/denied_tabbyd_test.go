@@ -101,26 +101,87 @@ func TestTabbydDeniedLog(t *testing.T) {
 	}
 }
 
-// TestTabbydDeniedLogUnlimited measures what the rate limit saves: the
-// same flood with limits far above it. It only reports.
-func TestTabbydDeniedLogUnlimited(t *testing.T) {
+// TestTabbydDeniedLogCost measures the log's cost, with it off, with the
+// default limits and with limits far above a flood: tabbyd's CPU during
+// a 3s UDP flood of denied packets (and how many the sender got through
+// the node's drop path), and iperf3's TCP throughput of an allowed flow
+// between the same pods, which never meets a log rule (replies and
+// established packets are accepted before the per-pod chains).
+func TestTabbydDeniedLogCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a measurement")
 	}
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Fatalf("iperf3 is missing (make deps installs it): %v", err)
+	}
 	e := newE2E(t)
 	e.policy(t, &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "server-deny-all"},
-		Spec:       networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: "server-iperf-only"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{Ports: tcpPort(5201)}},
+		},
 	})
-	e.startTabbyd(t, "--denied-log", "--denied-log-rate=10000", "--denied-log-node-rate=100000", "--denied-log-burst=10000")
+	stop := e.startTabbyd(t)
 	server := e.mustAdd(t, "server", map[string]string{"app": "server"})
 	client := e.mustAdd(t, "client", map[string]string{"app": "client"})
-	series := fmt.Sprintf(`tabby_policy_denied_packets_logged_total{direction="ingress",namespace="%s",policy="server-deny-all"}`, e.ns)
+	iperfServer(t, server)
+	series := fmt.Sprintf(`tabby_policy_denied_packets_logged_total{direction="ingress",namespace="%s",policy="server-iperf-only"}`, e.ns)
 	const flood = 3 * time.Second
-	sent, cpu := e.udpFlood(t, client, server, flood)
-	m := e.metrics()
-	t.Logf("flood of %v, limits 10000/s per source: %d sent (%.0f/s), %v logged, %v lost; tabbyd used %v of CPU (%.1f%% of one core)",
-		flood, sent, float64(sent)/flood.Seconds(), m[series], m["tabby_policy_denied_lost_total"], cpu, 100*cpu.Seconds()/flood.Seconds())
+	var gbps [3]float64
+	for i, c := range []struct {
+		name string
+		args []string
+	}{
+		{"off", nil},
+		{"on, default limits", []string{"--denied-log"}},
+		{"on, limits 10000/s per source", []string{"--denied-log", "--denied-log-rate=10000", "--denied-log-node-rate=100000", "--denied-log-burst=10000"}},
+	} {
+		stop()
+		stop = e.startTabbyd(t, c.args...)
+		eventually(t, "tabbyd synced", func() bool { return e.metrics()[`tabby_policy_syncs_total{result="ok"}`] >= 1 })
+		sent, cpu := e.udpFlood(t, client, server, flood)
+		m := e.metrics()
+		gbps[i] = iperf(t, client, server)
+		t.Logf("log %s: flood %d packets in %v (%.0f/s), %v logged, %v lost, tabbyd CPU %v (%.1f%% of a core); iperf3 TCP %.2f Gbit/s",
+			c.name, sent, flood, float64(sent)/flood.Seconds(), m[series], m["tabby_policy_denied_lost_total"], cpu,
+			100*cpu.Seconds()/flood.Seconds(), gbps[i])
+	}
+	if gbps[1] < gbps[0]/2 {
+		t.Errorf("allowed TCP with the log on: %.2f Gbit/s, under half of %.2f with it off", gbps[1], gbps[0])
+	}
+}
+
+// iperfServer runs iperf3 -s in the pod until the test ends.
+func iperfServer(t *testing.T, p *e2ePod) {
+	t.Helper()
+	cmd := exec.Command("nsenter", "--net="+p.NS.Path(), "iperf3", "-s", "-B", p.ip.String())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	time.Sleep(300 * time.Millisecond)
+}
+
+// iperf runs 3 seconds of iperf3 TCP from one pod to another and returns
+// the throughput received, in Gbit/s.
+func iperf(t *testing.T, from, to *e2ePod) float64 {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net="+from.NS.Path(), "iperf3", "-c", to.ip.String(), "-t", "3", "-J").Output()
+	if err != nil {
+		t.Fatalf("iperf3: %v\n%s", err, out)
+	}
+	var res struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("iperf3 -J: %v\n%s", err, out)
+	}
+	return res.End.SumReceived.BitsPerSecond / 1e9
 }
 
 // udpFlood sends UDP from one pod to another's port 9 as fast as one
