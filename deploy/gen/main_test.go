@@ -176,7 +176,7 @@ func TestRenderClusterOptions(t *testing.T) {
 	install, tabbyd := ds.Spec.Template.Spec.InitContainers[0], ds.Spec.Template.Spec.Containers[0]
 	// Their node and namespace from the downward API, and tabbyd's pool.
 	installEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)"}
-	tabbydEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)", "DEFAULT_IPV4_POOL_CIDR": deploy.DefaultPodCIDR, "DEFAULT_IPV6_POOL_CIDR": ""}
+	tabbydEnv := map[string]string{"NODE_NAME": "(from spec.nodeName)", "POD_NAMESPACE": "(from metadata.namespace)", "DEFAULT_IPV4_POOL_CIDR": deploy.DefaultPodCIDR, "DEFAULT_IPV6_POOL_CIDR": "", "DENIED_LOG": "false"}
 	if e := envOf(install); !equalMaps(e, installEnv) {
 		t.Errorf("install-cni's env in the default manifest: %v, want %v", e, installEnv)
 	}
