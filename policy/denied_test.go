@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"fmt"
+	"math/rand"
 	"net/netip"
 	"slices"
 	"strings"
@@ -123,4 +125,59 @@ func TestDeniedLogLimitNames(t *testing.T) {
 	if s1 == s2 || a1 != a2 || s1 != s3 || a1 == a3 || s1 == a1 {
 		t.Errorf("names by limits: default %s %s, per source 11 %s %s, per node 5000 %s %s", s1, a1, s2, a2, s3, a3)
 	}
+}
+
+// TestDeniedLogRandomWorlds: with the log on, random worlds give every
+// connection the verdict of the reference semantics (the log rule decides
+// nothing), and every per-pod chain logs before its DROP.
+func TestDeniedLogRandomWorlds(t *testing.T) {
+	n := 100
+	if testing.Short() {
+		n = 20
+	}
+	denials := 0
+	for seed := 0; seed < n; seed++ {
+		g := &gen{c: &chooser{r: rand.New(rand.NewSource(int64(seed)))}, valid: true}
+		w := g.world()
+		w.deniedLog = &DeniedLog{}
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			compare(t, w)
+			for _, node := range w.nodes {
+				rs := Compile(w.input(node))
+				if err := denialsLogged(rs); err != nil {
+					t.Fatalf("node %s: %v", node, err)
+				}
+				denials += len(rs.Denials)
+			}
+		})
+	}
+	if denials < n {
+		t.Errorf("%d worlds made only %d per-pod chains: the log was hardly tested", n, denials)
+	}
+	t.Logf("%d worlds, %d per-pod chains logging", n, denials)
+}
+
+// denialsLogged checks that each Denial's chain logs with its prefix just
+// before its final DROP, in both families.
+func denialsLogged(rs *Ruleset) error {
+	logged := map[string]int{}
+	for _, c := range rs.Chains {
+		n := len(c.Rules)
+		if n < 2 || !slices.Contains(c.Rules[n-2], "NFLOG") {
+			continue
+		}
+		if !slices.Equal(c.Rules[n-1], []string{"-j", "DROP"}) {
+			return fmt.Errorf("%s: the log rule is not followed by the DROP", c.Name)
+		}
+		logged[c.Name]++
+	}
+	for _, d := range rs.Denials {
+		if logged[d.Chain] != 2 {
+			return fmt.Errorf("chain %s of %s logs in %d families, want 2", d.Chain, d.Prefix, logged[d.Chain])
+		}
+	}
+	if len(logged) != len(rs.Denials) {
+		return fmt.Errorf("%d chains log, %d Denials", len(logged), len(rs.Denials))
+	}
+	return nil
 }

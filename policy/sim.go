@@ -173,7 +173,7 @@ func newMachine(rs *Ruleset, family string) (*machine, error) {
 				}
 			}
 			switch pr.target {
-			case "ACCEPT", "DROP", "RETURN", "MARK":
+			case "ACCEPT", "DROP", "RETURN", "MARK", "NFLOG":
 			default:
 				if _, ok := m.chains[pr.target]; !ok {
 					return nil, fmt.Errorf("chain %s rule %q: target chain %s does not exist", n, r, pr.target)
@@ -271,6 +271,17 @@ func parseRule(args []string) (*rule, error) {
 			if v, err = next(&i); err != nil {
 				return nil, err
 			}
+		case "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-mode", "--hashlimit-name", "--hashlimit-htable-max",
+			"--nflog-group", "--nflog-prefix", "--nflog-size":
+			// The denied log's (DeniedLog): the rate limit is taken as
+			// not reached, and NFLOG decides nothing.
+			if !logOption(module, r.target, a) {
+				return nil, fmt.Errorf("%s outside -m hashlimit or -j NFLOG", a)
+			}
+			if _, err = next(&i); err != nil {
+				return nil, err
+			}
+			continue
 		default:
 			return nil, fmt.Errorf("unknown argument %q", a)
 		}
@@ -286,7 +297,7 @@ func parseRule(args []string) (*rule, error) {
 			r.proto = v
 		case "-m":
 			switch v {
-			case "conntrack", "mark", "set", "comment", "multiport":
+			case "conntrack", "mark", "set", "comment", "multiport", "hashlimit":
 			case "tcp", "udp", "sctp":
 				if r.proto != v {
 					return nil, fmt.Errorf("-m %s without -p %s", v, v)
@@ -369,10 +380,19 @@ func parseRule(args []string) (*rule, error) {
 	if r.target == "MARK" && r.setM == 0 {
 		return nil, fmt.Errorf("-j MARK without --set-xmark")
 	}
-	if i := len(args) - 2; args[i] != "-j" && args[i] != "-g" && r.target != "MARK" {
+	if i := len(args) - 2; args[i] != "-j" && args[i] != "-g" && r.target != "MARK" && r.target != "NFLOG" {
 		return nil, fmt.Errorf("target not last")
 	}
 	return r, nil
+}
+
+// logOption says whether a hashlimit or NFLOG option is where it
+// belongs.
+func logOption(module, target, opt string) bool {
+	if strings.HasPrefix(opt, "--nflog-") {
+		return target == "NFLOG"
+	}
+	return module == "hashlimit" && target == ""
 }
 
 func ifaceMatch(pattern, iface string) bool {
@@ -477,6 +497,8 @@ func (m *machine) run(name string, p *pkt, depth int) (v verdict, terminal bool)
 			return vReturn, false
 		case "MARK":
 			p.mark = (p.mark &^ r.setM) ^ r.setV
+			continue
+		case "NFLOG":
 			continue
 		}
 		v, term := m.run(r.target, p, depth+1)

@@ -58,8 +58,9 @@ type world struct {
 	nodes    []string
 	// noV6 leaves the pods IPv4 only.
 	noV6 bool
-	// limits go into every node's Input.
-	limits Limits
+	// limits go into every node's Input, and so does deniedLog.
+	limits    Limits
+	deniedLog *DeniedLog
 }
 
 var (
@@ -117,7 +118,7 @@ func (w *world) pod(key string) *tpod {
 }
 
 func (w *world) input(node string) *Input {
-	in := &Input{Node: node, Policies: w.policies, Limits: w.limits}
+	in := &Input{Node: node, Policies: w.policies, Limits: w.limits, DeniedLog: w.deniedLog}
 	nss := make([]string, 0, len(w.nsLabels))
 	for ns := range w.nsLabels {
 		nss = append(nss, ns)
