@@ -1,0 +1,82 @@
+package apply_test
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tabbynet/tabby/daemon/nflog"
+	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/policy"
+	"github.com/tabbynet/tabby/policy/apply"
+)
+
+// TestDeniedLogged: with policy.Input.DeniedLog, the compiler's rules as
+// the applier loads them send a denied packet to the NFLOG group with the
+// prefix of the Denial naming the policy that isolates its destination
+// (IPv4 and IPv6), and allowed connections are not logged. Every backend.
+func TestDeniedLogged(t *testing.T) {
+	needRoot(t)
+	for _, b := range backends(t) {
+		t.Run(string(b.Mode), func(t *testing.T) { testDeniedLogged(t, b) })
+	}
+}
+
+func testDeniedLogged(t *testing.T, b iptbackend.Backend) {
+	n := newNode(t, b, apply.Options{})
+	n.forwarding()
+	a, srv := n.addPod("a", "taba", 1), n.addPod("s", "tabs", 2)
+	serve(t, a, srv)
+	in := &policy.Input{Node: "n1", DeniedLog: &policy.DeniedLog{Group: 9}, Policies: []*networkingv1.NetworkPolicy{{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "s-deny-all"},
+		Spec:       networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "s"}}},
+	}}}
+	for _, p := range []*tpod{a, srv} {
+		in.Endpoints = append(in.Endpoints, policy.Endpoint{
+			Pod:       &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: p.name, Labels: map[string]string{"app": p.name}}},
+			IPs:       []netip.Addr{p.v4, p.v6},
+			HostIface: p.veth,
+		})
+	}
+	rs := policy.Compile(in)
+	if len(rs.Denials) != 1 || rs.Denials[0].Policies[0] != "x/s-deny-all" {
+		t.Fatalf("Denials %+v, want the one of x/s-deny-all", rs.Denials)
+	}
+	n.apply(rs)
+	var c *nflog.Conn
+	n.do(func() (err error) {
+		c, err = nflog.Open(nflog.Config{Group: 9, Flush: 10 * time.Millisecond})
+		return err
+	})
+	got := make(chan nflog.Packet, 100)
+	done := make(chan error, 1)
+	go func() { done <- c.Read(func(p nflog.Packet) { got <- p }, nil) }()
+	t.Cleanup(func() { _ = c.Close(); <-done })
+
+	for fam := range 2 {
+		if err := connect(srv, a, fam, 5*time.Second); err != nil {
+			t.Fatalf("s -> a (allowed): %v", err)
+		}
+		start := time.Now()
+		if err := connect(a, srv, fam, 300*time.Millisecond); err == nil {
+			t.Fatalf("a -> s connected through a deny-all policy")
+		}
+		select {
+		case p := <-got:
+			if p.Prefix != rs.Denials[0].Prefix || p.Src != a.addr(fam) || p.Dst != srv.addr(fam) || p.Proto != nflog.ProtoTCP || p.DstPort != 80 {
+				t.Errorf("logged %+v, want a's SYN to s:80 with prefix %s", p, rs.Denials[0].Prefix)
+			}
+			t.Logf("family %d: logged %s -> %s:%d with %s within %v", fam, p.Src, p.Dst, p.DstPort, p.Prefix, time.Since(start).Round(time.Millisecond))
+		case <-time.After(time.Second):
+			t.Fatalf("family %d: nothing logged within a second of a denied connection", fam)
+		}
+		// Drain the SYN retries of the same probe.
+		for len(got) > 0 {
+			<-got
+		}
+	}
+}
