@@ -5,8 +5,9 @@
 // It serves, on the node's loopback by default, /healthz, /readyz (routing
 // and policy are ready and the API server answered the last heartbeat,
 // all from state: no probe costs an API call; health.go), /status (the
-// node's BGP sessions and routes, package nodestatus) and /metrics (also
-// on --metrics-listen when set); serves the CNI plugins' IPAM on a unix socket (package
+// node's BGP sessions and routes, package nodestatus), /policy/denied
+// (what NetworkPolicy dropped, with --denied-log; package deniedlog) and
+// /metrics (also on --metrics-listen when set); serves the CNI plugins' IPAM on a unix socket (package
 // cniagent); and runs the routing loop (reconcile.go): it publishes the
 // node's routing identity in its Node's annotations (node.go), watches
 // Nodes, IPPools, IPAMBlocks, BGPConfigurations, BGPPeers and the Secrets

@@ -127,29 +127,88 @@ func TestTabbydDeniedLogCost(t *testing.T) {
 	client := e.mustAdd(t, "client", map[string]string{"app": "client"})
 	iperfServer(t, server)
 	series := fmt.Sprintf(`tabby_policy_denied_packets_logged_total{direction="ingress",namespace="%s",policy="server-iperf-only"}`, e.ns)
-	const flood = 3 * time.Second
-	var gbps [3]float64
-	for i, c := range []struct {
+	restart := func(args ...string) {
+		stop()
+		stop = e.startTabbyd(t, args...)
+		eventually(t, "tabbyd synced", func() bool { return e.metrics()[`tabby_policy_syncs_total{result="ok"}`] >= 1 })
+	}
+	configs := []struct {
 		name string
 		args []string
 	}{
 		{"off", nil},
 		{"on, default limits", []string{"--denied-log"}},
 		{"on, limits 10000/s per source", []string{"--denied-log", "--denied-log-rate=10000", "--denied-log-node-rate=100000", "--denied-log-burst=10000"}},
-	} {
-		stop()
-		stop = e.startTabbyd(t, c.args...)
-		eventually(t, "tabbyd synced", func() bool { return e.metrics()[`tabby_policy_syncs_total{result="ok"}`] >= 1 })
+	}
+	const flood = 3 * time.Second
+	for _, c := range configs {
+		restart(c.args...)
+		hits := e.logRuleHits(t)
 		sent, cpu := e.udpFlood(t, client, server, flood)
+		hits = e.logRuleHits(t) - hits
+		if (c.args == nil) != (hits == 0) {
+			t.Errorf("log %s: %d packets of the flood through the log rules", c.name, hits)
+		}
 		m := e.metrics()
-		gbps[i] = iperf(t, client, server)
-		t.Logf("log %s: flood %d packets in %v (%.0f/s), %v logged, %v lost, tabbyd CPU %v (%.1f%% of a core); iperf3 TCP %.2f Gbit/s",
-			c.name, sent, flood, float64(sent)/flood.Seconds(), m[series], m["tabby_policy_denied_lost_total"], cpu,
-			100*cpu.Seconds()/flood.Seconds(), gbps[i])
+		t.Logf("log %s: flood %d packets in %v (%.0f/s), %v logged, %v lost, tabbyd CPU %v (%.1f%% of a core)",
+			c.name, sent, flood, float64(sent)/flood.Seconds(), m[series], m["tabby_policy_denied_lost_total"], cpu, 100*cpu.Seconds()/flood.Seconds())
 	}
-	if gbps[1] < gbps[0]/2 {
-		t.Errorf("allowed TCP with the log on: %.2f Gbit/s, under half of %.2f with it off", gbps[1], gbps[0])
+	// iperf3 off and on in turn, three rounds: the best of each (the
+	// machine is shared, and one run can be slowed by anything).
+	// The log rule's own counters say what the allowed flow cost it:
+	// none of its packets reach the rule.
+	var best [2]float64
+	for round := range 3 {
+		for i, c := range configs[:2] {
+			restart(c.args...)
+			hits := e.logRuleHits(t)
+			g := iperf(t, client, server)
+			best[i] = max(best[i], g)
+			hits = e.logRuleHits(t) - hits
+			t.Logf("round %d, log %s: iperf3 TCP %.2f Gbit/s, %d packets through the log rules", round+1, c.name, g, hits)
+			if hits != 0 {
+				t.Errorf("the allowed iperf3 flow sent %d packets through the log rules, want none", hits)
+			}
+		}
 	}
+	t.Logf("iperf3 TCP, best of 3: log off %.2f Gbit/s, log on %.2f Gbit/s", best[0], best[1])
+	if best[1] < best[0]/2 {
+		t.Errorf("allowed TCP with the log on: %.2f Gbit/s at best, under half of %.2f with it off", best[1], best[0])
+	}
+}
+
+// logRuleHits is the sum of the packet counters of the node's NFLOG
+// rules (both backends, both families).
+func (e *e2e) logRuleHits(t *testing.T) int {
+	t.Helper()
+	total := 0
+	err := e.n.Do(func() error {
+		for _, save := range []string{"iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save"} {
+			if _, err := exec.LookPath(save); err != nil {
+				continue
+			}
+			out, err := exec.Command(save, "-c", "-t", "filter").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%s: %v: %s", save, err, out)
+			}
+			for _, line := range strings.Split(string(out), "\n") {
+				if !strings.Contains(line, "-j NFLOG") || !strings.HasPrefix(line, "[") {
+					continue
+				}
+				pkts, _, _ := strings.Cut(strings.TrimPrefix(line, "["), ":")
+				n, err := strconv.Atoi(pkts)
+				if err != nil {
+					return fmt.Errorf("%s counter in %q", save, line)
+				}
+				total += n
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return total
 }
 
 // iperfServer runs iperf3 -s in the pod until the test ends.
