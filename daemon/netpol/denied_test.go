@@ -155,3 +155,33 @@ func seriesCount(c prometheus.Collector) int {
 	}
 	return n
 }
+
+// TestDeniedFollowOutlivesWriteTimeout: tabbyd's server bounds every
+// answer's write time; a follower's answer is exempt, so it still gets
+// records after that time.
+func TestDeniedFollowOutlivesWriteTimeout(t *testing.T) {
+	d, _ := deniedWorld(t, 3)
+	srv := httptest.NewUnstartedServer(d)
+	srv.Config.WriteTimeout = 300 * time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan deniedlog.Record, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- deniedlog.Read(ctx, nil, strings.TrimPrefix(srv.URL, "http://"), "", true, func(r deniedlog.Record) error { got <- r; return nil })
+	}()
+	time.Sleep(time.Second)
+	d.Packet(packet("10.0.0.1", "10.0.0.2", 8080))
+	select {
+	case r := <-got:
+		if r.Dst.Port != 8080 {
+			t.Errorf("followed %+v", r)
+		}
+	case err := <-done:
+		t.Fatalf("the follow ended after the server's write timeout: %v", err)
+	case <-time.After(3 * time.Second):
+		t.Fatal("nothing followed past the server's write timeout")
+	}
+}
