@@ -18,7 +18,8 @@ import (
 // TestDeniedLogged: with policy.Input.DeniedLog, the compiler's rules as
 // the applier loads them send a denied packet to the NFLOG group with the
 // prefix of the Denial naming the policy that isolates its destination
-// (IPv4 and IPv6), and allowed connections are not logged. Every backend.
+// (IPv4 and IPv6), or the egress policy of its source, and allowed
+// connections are not logged. Every backend.
 func TestDeniedLogged(t *testing.T) {
 	needRoot(t)
 	for _, b := range backends(t) {
@@ -74,9 +75,44 @@ func testDeniedLogged(t *testing.T, b iptbackend.Backend) {
 		case <-time.After(time.Second):
 			t.Fatalf("family %d: nothing logged within a second of a denied connection", fam)
 		}
-		// Drain the SYN retries of the same probe.
-		for len(got) > 0 {
-			<-got
+		drain(got)
+	}
+
+	// An egress policy on a: its chain drops (and logs) first.
+	in.Policies = append(in.Policies, &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "a-no-egress"},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "a"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}},
+	})
+	rs = policy.Compile(in)
+	var eg policy.Denial
+	for _, d := range rs.Denials {
+		if d.Direction == "egress" {
+			eg = d
 		}
+	}
+	if len(eg.Policies) != 1 || eg.Policies[0] != "x/a-no-egress" {
+		t.Fatalf("Denials %+v, want an egress one of x/a-no-egress", rs.Denials)
+	}
+	n.apply(rs)
+	drain(got)
+	if err := connect(a, srv, 0, 300*time.Millisecond); err == nil {
+		t.Fatalf("a -> s connected through a no-egress policy")
+	}
+	select {
+	case p := <-got:
+		if p.Prefix != eg.Prefix || p.Src != a.v4 || p.InDev == 0 {
+			t.Errorf("logged %+v, want a's SYN with prefix %s, in from a's veth", p, eg.Prefix)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("nothing logged within a second of a connection egress denies")
+	}
+}
+
+// drain empties ch of what a probe's retries logged.
+func drain(ch chan nflog.Packet) {
+	time.Sleep(50 * time.Millisecond)
+	for len(ch) > 0 {
+		<-ch
 	}
 }
