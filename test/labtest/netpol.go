@@ -81,7 +81,10 @@ func NetpolPortName(pp PortProto) string {
 type NetpolPod struct {
 	Namespace, Name string
 	Node            string
-	IP              netip.Addr
+	// IP is the pod's address the model probes and its policies name:
+	// of the family SetFamily chose (IPv4 at first), one of IPs.
+	IP  netip.Addr
+	IPs []netip.Addr
 	// NetNS is the path of the pod's network namespace (/proc/PID/ns/net
 	// of its sandbox's pause process).
 	NetNS string
@@ -113,9 +116,34 @@ type NetpolModel struct {
 	Concurrency  int
 	Settle       time.Duration
 
+	// family is 4 or 6 (SetFamily); 0 is 4.
+	family int
+
 	mu sync.Mutex
 	// lastDenied counts the failed probes of the last matrix.
 	lastDenied int
+}
+
+// SetFamily makes the model probe, and its scenarios name, the pods'
+// addresses of one family (4 or 6); it fails the test when a pod has none.
+func (m *NetpolModel) SetFamily(t testing.TB, family int) {
+	t.Helper()
+	for _, p := range m.Pods {
+		i := slices.IndexFunc(p.IPs, func(a netip.Addr) bool { return a.Is4() == (family == 4) })
+		if i < 0 {
+			t.Fatalf("pod %s has no IPv%d address (%v): is the lab dual-stack?", p, family, p.IPs)
+		}
+		p.IP = p.IPs[i]
+	}
+	m.family = family
+}
+
+// PodCIDR is the lab's pod network of the model's family.
+func (m *NetpolModel) PodCIDR() string {
+	if m.family == 6 {
+		return m.Lab.State.IPv6PodCIDR
+	}
+	return lab.DefaultPodCIDR
 }
 
 // NewNetpolModel creates namespaces x, y, z and pods a, b, c in each
@@ -155,6 +183,10 @@ func NewNetpolModel(t testing.TB, l *Lab, nodes []string) *NetpolModel {
 			}
 			if err == nil {
 				p.IP = netip.MustParseAddr(got.Status.PodIP)
+				p.IPs = nil
+				for _, a := range got.Status.PodIPs {
+					p.IPs = append(p.IPs, netip.MustParseAddr(a.IP))
+				}
 				p.NetNS, err = lab.PodNetNS(ctx, l.State, p.Namespace+"/"+p.Name)
 			}
 			if err == nil {

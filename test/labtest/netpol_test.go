@@ -11,8 +11,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-
-	"github.com/tabbynet/tabby/lab"
 )
 
 // netpolScenario is one test of the upstream NetworkPolicy e2e suite
@@ -291,7 +289,7 @@ func netpolScenarios() []netpolScenario {
 		}},
 		{"ingress-ipblock-except", "", func(t *testing.T, m *NetpolModel) {
 			m.CreatePolicy(t, "x", npPolicy("from-pod-cidr-but-y-b", podA, npIngress(npFrom(npPeers(
-				npIPBlock(lab.DefaultPodCIDR, npHostCIDR(m.Pod(t, "y/b"))))))))
+				npIPBlock(m.PodCIDR(), npHostCIDR(m.Pod(t, "y/b"))))))))
 			m.Validate(t, "all but y/b reach x/a", m.NewReachability(true).Expect(yb, xa, false))
 		}},
 		{"ingress-ipblock-pod-ips", "", func(t *testing.T, m *NetpolModel) {
@@ -389,7 +387,8 @@ func someCIDR(t *testing.T, m *NetpolModel, p *NetpolPod) netip.Prefix {
 // the nodes' kubelets, each serving TCP and UDP on 80 and 81 from agnhost
 // containers. Every scenario starts from no policy (the matrix all open),
 // creates its policies and checks the whole matrix, then the next
-// scenario removes them.
+// scenario removes them. The lab is dual-stack: every scenario runs over
+// IPv4, then again over IPv6 (the pods' IPv6 addresses, IPv6 ipBlocks).
 //
 // It does not run in parallel with the package's other labs: probes time
 // out after a second, and a loaded 2-core machine would make slow answers
@@ -401,43 +400,53 @@ func TestNetworkPolicy(t *testing.T) {
 	} else {
 		t.Logf("SCTP traffic is not probed (upstream's [Feature:SCTPConnectivity]: the model serves TCP and UDP); the scenarios with SCTP ports check TCP and UDP")
 	}
-	l := Up(t, "--nodes", "2")
+	// Dual-stack: the scenarios run over IPv4, then again over IPv6.
+	l := Up(t, "--nodes", "2", "--dual-stack")
 	m := NewNetpolModel(t, l, []string{"node1", "node2"})
 	for _, p := range m.Pods {
-		t.Logf("pod %s on %s at %s", p, p.Node, p.IP)
+		t.Logf("pod %s on %s at %v", p, p.Node, p.IPs)
 	}
 	t.Logf("model ready %v after start", time.Since(start).Round(time.Millisecond))
-	// The first matrix waits for routes between the nodes too.
-	if !m.ValidateWithin(t, "no policy: all open", m.NewReachability(true), 60*time.Second) {
-		t.Fatal("the model's pods do not reach each other without any policy")
-	}
-
 	type result struct {
 		name string
 		ok   bool
 		took time.Duration
 	}
 	var results []result
-	for i, sc := range netpolScenarios() {
-		scStart := time.Now()
-		ok := t.Run(sc.name, func(t *testing.T) {
-			if sc.upstream != "" {
-				t.Logf("upstream: %q", sc.upstream)
+	for _, family := range []int{4, 6} {
+		m.SetFamily(t, family)
+		prefix := ""
+		if family == 6 {
+			prefix = "ipv6/"
+		}
+		m.Reset(t) // the last family's last world leaves its policies
+		// The first matrix waits for routes between the nodes too.
+		if !m.ValidateWithin(t, prefix+"no policy: all open", m.NewReachability(true), 60*time.Second) {
+			t.Fatalf("the model's pods do not reach each other over IPv%d without any policy", family)
+		}
+		for i, sc := range netpolScenarios() {
+			scStart := time.Now()
+			ok := t.Run(prefix+sc.name, func(t *testing.T) {
+				if sc.upstream != "" {
+					t.Logf("upstream: %q", sc.upstream)
+				}
+				m.Reset(t)
+				if !m.Validate(t, "reset: all open", m.NewReachability(true)) {
+					t.Fatal("the previous scenario's policies are still enforced after their deletion")
+				}
+				sc.run(t, m)
+			})
+			results = append(results, result{prefix + sc.name, ok, time.Since(scStart)})
+			if i == 0 && !ok && m.LastDenied() == 0 {
+				t.Fatalf("tabbyd enforces no NetworkPolicy at all: after %q nothing was denied (is the policy controller running in tabbyd?)", sc.name)
 			}
-			m.Reset(t)
-			if !m.Validate(t, "reset: all open", m.NewReachability(true)) {
-				t.Fatal("the previous scenario's policies are still enforced after their deletion")
-			}
-			sc.run(t, m)
-		})
-		results = append(results, result{sc.name, ok, time.Since(scStart)})
-		if i == 0 && !ok && m.LastDenied() == 0 {
-			t.Fatalf("tabbyd enforces no NetworkPolicy at all: after %q nothing was denied (is the policy controller running in tabbyd?)", sc.name)
+		}
+		if family == 4 {
+			trStart := time.Now()
+			ok := t.Run("trace agrees with probes", func(t *testing.T) { TraceAgreesWithProbes(t, m, 1, 6) })
+			results = append(results, result{"tabbyctl policy trace vs probes", ok, time.Since(trStart)})
 		}
 	}
-	trStart := time.Now()
-	ok := t.Run("trace agrees with probes", func(t *testing.T) { TraceAgreesWithProbes(t, m, 1, 6) })
-	results = append(results, result{"tabbyctl policy trace vs probes", ok, time.Since(trStart)})
 	var b strings.Builder
 	failed := 0
 	for _, r := range results {
