@@ -57,6 +57,7 @@ upstream: controlplane
 test: deps build controlplane runtime upstream vet
 	@echo "==> go test ./... (lab tests bring up real clusters and run Kubernetes' e2e subset: about 25 minutes on 2 cores)"
 	@rc=0; $(UPSTREAMENV) go test $(GOTEST_FLAGS) $$(go list ./... | grep -v '/test/qemutest$$') || rc=1; \
+	(cd test/schedcompare && go test $(GOTEST_FLAGS) ./...) || rc=1; \
 	echo "==> IPIP under qemu: TestIPIPInQEMU, TestRoutingInQEMU (about 2 minutes)"; ($(IPIP_TEST)) || rc=1; exit $$rc
 
 ## test-ipip: IPIP Always and CrossSubnet pods on three tabbyd nodes inside

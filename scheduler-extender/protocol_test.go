@@ -152,9 +152,9 @@ func TestPrioritizeHandler(t *testing.T) {
 	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
 		t.Fatal(err)
 	}
-	// Node affinity scores n1 25 and n2 100 (of 100); with weight 2 of 2,
-	// 2.5 and 10 of 10, rounded.
-	want := extenderv1.HostPriorityList{{Host: "n1", Score: 3}, {Host: "n2", Score: 10}, {Host: "n3", Score: 0}}
+	// Node affinity scores n1 25 and n2 100 (of 100): n2 is the top, 10;
+	// n1 trails it by 7.5 tenths, rounded up: 10-8.
+	want := extenderv1.HostPriorityList{{Host: "n1", Score: 2}, {Host: "n2", Score: 10}, {Host: "n3", Score: 0}}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("(-want +got):\n%s", d)
 	}

@@ -11,7 +11,7 @@ package framework
 import (
 	"context"
 	"fmt"
-	"math"
+	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -156,11 +156,11 @@ nodes:
 	return res
 }
 
-// Prioritize sums the plugins' weighted scores and scales each node's lead
-// over the lowest to the extender's 0..10: a node scoring MaxNodeScore in
-// every plugin where another scores 0 gets 10.
+// Prioritize sums the plugins' weighted scores, as kube-scheduler sums its
+// plugins', and maps the sums to the extender's 0..10 with ExtenderScores.
 // Registered in kube-scheduler with weight TotalWeight(), the extender then
-// adds to a node's score what the in-tree plugins with these weights would.
+// adds to a node's score what the in-tree plugins with these weights would,
+// to within one step.
 func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) (extenderv1.HostPriorityList, error) {
 	snap := f.Snapshot()
 	infos := nodeInfos(snap, nodes)
@@ -177,27 +177,48 @@ func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Nod
 			sum[i] += ws.Weight * min(max(s, 0), MaxNodeScore)
 		}
 	}
+	ExtenderScores(sum, f.TotalWeight()*MaxNodeScore)
 	out := make(extenderv1.HostPriorityList, len(nodes))
-	total := f.TotalWeight() * MaxNodeScore
-	// Only the differences between nodes rank them, so the lowest sum is
-	// taken off first: what every node scores alike (a plugin with nothing
-	// to say gives all nodes its maximum) would otherwise push near-equal
-	// nodes across a rounding step of 0..10, and one step, times the
-	// extender's weight, outweighs kube-scheduler's own small differences
-	// (resource spreading) at random.
-	low := int64(0)
-	for i, v := range sum {
-		if i == 0 || v < low {
-			low = v
-		}
-	}
 	for i, n := range nodes {
-		out[i].Host = n.Name
-		if total > 0 {
-			out[i].Score = int64(math.Round(float64(sum[i]-low) * float64(extenderv1.MaxExtenderPriority) / float64(total)))
-		}
+		out[i] = extenderv1.HostPriority{Host: n.Name, Score: sum[i]}
 	}
 	return out, nil
+}
+
+// ExtenderScores maps weighted sums (each 0..total) in place to the
+// extender's 0..MaxExtenderPriority(10): the highest sum gets 10, and every
+// other node loses one step for each tenth of total by which it trails the
+// highest, rounded up, down to 0.
+//
+// Why: kube-scheduler picks at random among the nodes with the highest
+// final score, so the nodes with the highest sum (the nodes upstream's own
+// plugins score highest) must be exactly those that get the extender's
+// highest score. Rounding the deficit up gives every node below the top at
+// least one step less, and a larger deficit never fewer steps, so order is
+// kept as far as eleven values allow (nodes may share a step, never swap).
+// The step is a tenth of total because kube-scheduler multiplies the
+// extender's score by weight*MaxNodeScore/MaxExtenderPriority: with the
+// weight TotalWeight() one step is worth total/10 of the in-tree sum, so
+// a node's deficit counts as much as upstream's plugins would make it
+// (plus less than one step), next to the in-tree plugins the user keeps
+// (resource fit and balance). Scaling the observed range to 0..10 instead
+// would make the smallest difference worth up to ten steps and override
+// those plugins; rounding to the nearest step (as before) let near-equal
+// sums share the top step, which upstream ranks apart.
+func ExtenderScores(sums []int64, total int64) {
+	if len(sums) == 0 {
+		return
+	}
+	top := slices.Max(sums)
+	const steps = extenderv1.MaxExtenderPriority
+	for i, s := range sums {
+		if total <= 0 {
+			sums[i] = steps
+			continue
+		}
+		behind := ((top-s)*steps + total - 1) / total
+		sums[i] = max(steps-behind, extenderv1.MinExtenderPriority)
+	}
 }
 
 // TotalWeight is the sum of the score plugins' weights: the weight to give

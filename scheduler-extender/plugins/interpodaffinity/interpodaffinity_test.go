@@ -332,13 +332,13 @@ func TestInFramework(t *testing.T) {
 
 	// Only n2's zone has a cache: over all four nodes n2 gets 10 of 10
 	// (the extender's scale); over the passing nodes n1 and n4, neither
-	// near a cache, both get 0 (scores are scaled over the scored nodes).
+	// near a cache, tie at the top: both get 10.
 	for _, tc := range []struct {
 		nodes []*v1.Node
 		want  []int64
 	}{
 		{nodes, []int64{0, 10, 0, 0}},
-		{[]*v1.Node{nodes[0], nodes[3]}, []int64{0, 0}},
+		{[]*v1.Node{nodes[0], nodes[3]}, []int64{10, 10}},
 	} {
 		got, err := fw.Prioritize(context.Background(), pod, tc.nodes)
 		if err != nil {

@@ -5,8 +5,7 @@
 // requested pools' nodeSelectors exclude the node; the node's blocks are
 // full and it can neither claim another block nor borrow), or when the
 // node's tabbyd is not ready (its heartbeat Lease has lapsed). Score: nodes
-// with free addresses in their own blocks come first, then nodes that would
-// claim a new block, then nodes that would have to borrow.
+// where the pod would have to borrow an address come last.
 package network
 
 import (
@@ -39,14 +38,16 @@ const (
 // Scores of a node by where the pod's addresses would come from.
 //
 // Claiming a block is one write, once; borrowing costs a /32 route on
-// every node for as long as the pod lives. So borrowing is avoided
-// strongly, and claiming only as a tie-breaker: a stronger preference for
-// nodes with free addresses would pile unconstrained pods onto the nodes
-// that already have blocks, overriding kube-scheduler's resource spreading.
+// every node for as long as the pod lives. So borrowing is avoided, and
+// claiming is not: the extender's 0..10 gives every node below the top at
+// least one whole step (framework.ExtenderScores), worth weight*10 of
+// kube-scheduler's score, so any preference for nodes with free addresses
+// would pile unconstrained pods onto the nodes that already have blocks,
+// overriding kube-scheduler's resource spreading.
 const (
-	ScoreOwnBlock = framework.MaxNodeScore          // a free address in the node's own blocks
-	ScoreClaim    = framework.MaxNodeScore * 9 / 10 // the node would claim a new block
-	ScoreBorrow   = 0                               // the node would borrow from another node's block
+	ScoreOwnBlock = framework.MaxNodeScore // a free address in the node's own blocks
+	ScoreClaim    = framework.MaxNodeScore // the node would claim a new block
+	ScoreBorrow   = 0                      // the node would borrow from another node's block
 )
 
 // Block is what the plugin needs of an IPAMBlock.

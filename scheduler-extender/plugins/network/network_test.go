@@ -64,7 +64,7 @@ func outcome(t *testing.T, pl *Plugin, snap framework.Snapshot, pod *v1.Pod) []s
 			out = append(out, code+": "+st.Reason)
 			continue
 		}
-		out = append(out, map[int64]string{ScoreOwnBlock: "own", ScoreClaim: "claim", ScoreBorrow: "borrow"}[scores[i]])
+		out = append(out, map[int64]string{ScoreOwnBlock: "addr", ScoreBorrow: "borrow"}[scores[i]])
 	}
 	return out
 }
@@ -80,15 +80,15 @@ func TestPlace(t *testing.T) {
 		pod  *v1.Pod
 		want []string // a, b, c
 	}{
-		{"own blocks first, then claiming",
+		{"no borrowing needed: own blocks or a claim",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("default", "10.0.0.0/16", 26, nil)}, Blocks: []Block{block("10.0.0.0/26", "a", 5), block("10.0.0.64/26", "b", 0)}, Config: defaults},
-			podAnn(nil), []string{"own", "claim", "claim"}},
+			podAnn(nil), []string{"addr", "addr", "addr"}},
 		{"a pool whose nodeSelector excludes the node",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("rack1", "10.0.0.0/16", 26, map[string]string{"rack": "1"})}, Config: defaults},
-			podAnn(nil), []string{"claim", `X: node(s) had no tabby IPv4 pool the pod may use (pool rack1: its nodeSelector "rack=1" does not match)`, `X: node(s) had no tabby IPv4 pool the pod may use (pool rack1: its nodeSelector "rack=1" does not match)`}},
+			podAnn(nil), []string{"addr", `X: node(s) had no tabby IPv4 pool the pod may use (pool rack1: its nodeSelector "rack=1" does not match)`, `X: node(s) had no tabby IPv4 pool the pod may use (pool rack1: its nodeSelector "rack=1" does not match)`}},
 		{"the pod's requested pool decides, not the others",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("default", "10.0.0.0/16", 26, nil), pool("rack2", "10.1.0.0/16", 26, map[string]string{"rack": "2"})}, Config: defaults},
-			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `["rack2"]`}), []string{"X: node(s) had no tabby IPv4 pool", "claim", "X: node(s) had no tabby IPv4 pool"}},
+			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `["rack2"]`}), []string{"X: node(s) had no tabby IPv4 pool", "addr", "X: node(s) had no tabby IPv4 pool"}},
 		{"a pool that does not exist fails every node with a clear error",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("default", "10.0.0.0/16", 26, nil)}, Config: defaults},
 			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `["nope"]`}), []string{`X: tabby: the pod asks for IPv4 pool "nope", which does not exist`, `X: tabby: the pod asks for IPv4 pool "nope", which does not exist`, `X: tabby: the pod asks for IPv4 pool "nope", which does not exist`}},
@@ -97,13 +97,13 @@ func TestPlace(t *testing.T) {
 			podAnn(map[string]string{tabbyv1.AnnotationIPv4Pools: `rack2`}), []string{"X: tabby: pod default/p: annotation tabby.io/ipv4pools must be a JSON list", "X: tabby: pod default/p: annotation tabby.io/ipv4pools must be a JSON list", "X: tabby: pod default/p: annotation tabby.io/ipv4pools must be a JSON list"}},
 		{"all blocks claimed: own free, else borrow",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("small", "10.0.0.0/24", 26, nil)}, Blocks: full, Config: defaults},
-			podAnn(nil), []string{"borrow", "own", "borrow"}},
+			podAnn(nil), []string{"borrow", "addr", "borrow"}},
 		{"all blocks claimed and strict affinity: no address",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("small", "10.0.0.0/24", 26, nil)}, Blocks: full, Config: tabbyv1.IPAMConfigurationSpec{StrictAffinity: true, MaxBlocksPerHost: 20}},
-			podAnn(nil), []string{"x: node(s) had no free tabby IPv4 address for the pod: their blocks in pool(s) small are full, the pools have no unclaimed block left, and borrowing is off (IPAMConfiguration strictAffinity)", "own", "x: node(s) had no free tabby IPv4 address"}},
+			podAnn(nil), []string{"x: node(s) had no free tabby IPv4 address for the pod: their blocks in pool(s) small are full, the pools have no unclaimed block left, and borrowing is off (IPAMConfiguration strictAffinity)", "addr", "x: node(s) had no free tabby IPv4 address"}},
 		{"the block limit stops claiming",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("default", "10.0.0.0/16", 26, nil)}, Blocks: []Block{block("10.0.0.0/26", "a", 0)}, Config: tabbyv1.IPAMConfigurationSpec{StrictAffinity: true, MaxBlocksPerHost: 1}},
-			podAnn(nil), []string{"x: node(s) had no free tabby IPv4 address for the pod: their blocks in pool(s) default are full, they hold the most blocks a node may (IPAMConfiguration maxBlocksPerHost=1), and borrowing is off", "claim", "claim"}},
+			podAnn(nil), []string{"x: node(s) had no free tabby IPv4 address for the pod: their blocks in pool(s) default are full, they hold the most blocks a node may (IPAMConfiguration maxBlocksPerHost=1), and borrowing is off", "addr", "addr"}},
 		{"every block full anywhere, borrowing allowed: nothing to borrow",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("small", "10.0.0.0/25", 26, nil)}, Blocks: []Block{block("10.0.0.0/26", "a", 0), block("10.0.0.64/26", "b", 0)}, Config: defaults},
 			podAnn(nil), []string{"x: node(s) had no free tabby IPv4 address for the pod: their blocks in pool(s) small are full, the pools have no unclaimed block left, and no other node's block has a free address to borrow", "x: node(s)", "x: node(s)"}},
@@ -112,11 +112,11 @@ func TestPlace(t *testing.T) {
 			podAnn(nil), []string{"X: tabby: there is no enabled IPv4 IPPool: create one", "X: tabby: there is no enabled IPv4 IPPool: create one", "X: tabby: there is no enabled IPv4 IPPool: create one"}},
 		{"exact addresses: only the pool holding them must admit the node",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("rack1", "10.0.0.0/16", 26, map[string]string{"rack": "1"})}, Blocks: []Block{block("10.0.0.0/26", "b", 0)}, Config: defaults},
-			podAnn(map[string]string{tabbyv1.AnnotationIPAddrs: `["10.0.0.7"]`}), []string{"own", "X: node(s) had no tabby IPv4 pool", "X: node(s) had no tabby IPv4 pool"}},
+			podAnn(map[string]string{tabbyv1.AnnotationIPAddrs: `["10.0.0.7"]`}), []string{"addr", "X: node(s) had no tabby IPv4 pool", "X: node(s) had no tabby IPv4 pool"}},
 		{"tabbyd heartbeats: missing and lapsed",
 			Inputs{Pools: []*tabbyv1.IPPool{pool("default", "10.0.0.0/16", 26, nil)}, Config: defaults,
 				Heartbeats: map[string]time.Time{"a": now.Add(time.Second), "b": now.Add(-90 * time.Second)}, Now: now},
-			podAnn(nil), []string{"claim", "X: node(s) had tabbyd not ready (its heartbeat Lease lapsed)", "X: node(s) had no tabbyd running (no heartbeat Lease)"}},
+			podAnn(nil), []string{"addr", "X: node(s) had tabbyd not ready (its heartbeat Lease lapsed)", "X: node(s) had no tabbyd running (no heartbeat Lease)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := tc.in
@@ -140,7 +140,7 @@ func TestNamespaceAnnotation(t *testing.T) {
 	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default", Annotations: map[string]string{tabbyv1.AnnotationIPv4Pools: `["rack2"]`}}}
 	snap := framework.NewSnapshot(nil, nil, []*v1.Namespace{ns})
 	got := outcome(t, &Plugin{Inputs: func() *Inputs { return &in }}, snap, podAnn(nil))
-	if got[1] != "claim" || !strings.HasPrefix(got[0], "X: ") || !strings.HasPrefix(got[2], "X: ") {
+	if got[1] != "addr" || !strings.HasPrefix(got[0], "X: ") || !strings.HasPrefix(got[2], "X: ") {
 		t.Errorf("the namespace's pool annotation was not honoured: %q", got)
 	}
 }
@@ -187,14 +187,14 @@ func TestWatcherVersions(t *testing.T) {
 	w.SetBlock(&tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "b1"}, Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.0.0.0/26", Affinity: "host:a", Unallocated: nil}})
 	pl := &Plugin{Inputs: w.Inputs}
 	snap := framework.NewSnapshot(nil, nil, nil)
-	if got := outcome(t, pl, snap, podAnn(nil)); got[0] != "claim" {
+	if got := outcome(t, pl, snap, podAnn(nil)); got[0] != "addr" {
 		t.Fatalf("a's block is full: %q", got)
 	}
 	if v1, v2 := w.Inputs().Version, w.Inputs().Version; v1 != v2 {
 		t.Errorf("the same state got versions %v and %v", v1, v2)
 	}
 	w.SetBlock(&tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "b1"}, Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.0.0.0/26", Affinity: "host:a", Unallocated: []int{3}}})
-	if got := outcome(t, pl, snap, podAnn(nil)); got[0] != "own" {
+	if got := outcome(t, pl, snap, podAnn(nil)); got[0] != "addr" {
 		t.Errorf("a's block has a free address now: %q", got)
 	}
 }
