@@ -166,7 +166,9 @@ func readBindingArgs(w http.ResponseWriter, r *http.Request) (*extenderv1.Extend
 	if err := checkJSON(r); err != nil {
 		return nil, err
 	}
-	data, err := readBody(http.MaxBytesReader(w, r.Body, maxBindBytes), r.ContentLength)
+	buf := getBuffer()
+	defer putBuffer(buf) // json.Unmarshal copies what it keeps
+	data, err := readBody(buf, http.MaxBytesReader(w, r.Body, maxBindBytes), r.ContentLength)
 	if err != nil {
 		if errors.As(err, new(*http.MaxBytesError)) {
 			return nil, &requestError{http.StatusRequestEntityTooLarge, fmt.Sprintf("a bind request is at most %d bytes", maxBindBytes)}

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -153,14 +154,13 @@ func (m *Metrics) verdict(res FilterResult, unresolved map[string]string) {
 	if len(unresolved) > 0 {
 		m.filtered.WithLabelValues(FilteredUnknownNode).Add(float64(len(unresolved)))
 	}
-	for _, failed := range []map[string]string{res.Failed, res.Unresolvable} {
-		for name := range failed {
-			plugin := res.FailedBy[name]
-			if plugin == "" {
-				plugin = FilteredOther
-			}
-			m.filtered.WithLabelValues(plugin).Inc()
-		}
+	other := len(res.Failed) + len(res.Unresolvable)
+	for plugin, n := range res.FailedBy {
+		m.filtered.WithLabelValues(plugin).Add(float64(n))
+		other -= n
+	}
+	if other > 0 {
+		m.filtered.WithLabelValues(FilteredOther).Add(float64(other))
 	}
 	if len(res.Passing) > 0 {
 		m.answers.WithLabelValues(AnswerFits).Inc()
@@ -253,7 +253,9 @@ func (h *Handler) readArgs(w http.ResponseWriter, r *http.Request) (args *extend
 		release()
 		return nil, nil, tooLarge(limit)
 	}
-	data, err := readBody(http.MaxBytesReader(w, readCloser{body, r.Body}, limit), r.ContentLength)
+	buf := getBuffer()
+	defer putBuffer(buf) // DecodeArgs copies what it keeps
+	data, err := readBody(buf, http.MaxBytesReader(w, readCloser{body, r.Body}, limit), r.ContentLength)
 	if err != nil {
 		release()
 		if errors.As(err, new(*http.MaxBytesError)) {
@@ -291,13 +293,30 @@ func tooLarge(limit int64) error {
 
 // readBody reads r whole into one buffer of the announced length (-1:
 // unknown, then it grows as bytes.Buffer does).
-func readBody(r io.Reader, length int64) ([]byte, error) {
-	var buf bytes.Buffer
+func readBody(buf *bytes.Buffer, r io.Reader, length int64) ([]byte, error) {
 	if length > 0 {
 		buf.Grow(int(length) + bytes.MinRead)
 	}
 	_, err := buf.ReadFrom(r)
 	return buf.Bytes(), err
+}
+
+// buffers hold request bodies while they are decoded and answers while
+// they are encoded: at 5,000 nodes each is hundreds of kilobytes, which a
+// fresh buffer per request would allocate (and grow) every time.
+var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooled is the largest buffer kept for reuse; a rare huge request
+// (full Node objects) does not pin its memory.
+const maxPooled = 4 << 20
+
+func getBuffer() *bytes.Buffer { return buffers.Get().(*bytes.Buffer) }
+
+func putBuffer(b *bytes.Buffer) {
+	if b.Cap() <= maxPooled {
+		b.Reset()
+		buffers.Put(b)
+	}
 }
 
 // DecodeArgs decodes one ExtenderArgs from data and checks what every
@@ -334,13 +353,15 @@ func writeRequestError(w http.ResponseWriter, err error) {
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	buf := getBuffer()
+	defer putBuffer(buf)
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
 		http.Error(w, "encoding the answer: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(b)
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	_, _ = w.Write(buf.Bytes())
 }
 
 // resolve returns the Nodes the request is about, and the names it could not
@@ -354,6 +375,7 @@ func (h *Handler) resolve(args *extenderv1.ExtenderArgs) (nodes []*v1.Node, unre
 		return nodes, nil
 	}
 	unresolved = map[string]string{}
+	nodes = make([]*v1.Node, 0, len(*args.NodeNames))
 	for _, name := range *args.NodeNames {
 		if h.Nodes == nil {
 			unresolved[name] = ReasonNoNodeCache
@@ -400,18 +422,20 @@ func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
 			// pod's request only after reading it.
 			h.Placements.Placing(args.Pod, len(res.Passing) > 0)
 		}
+		// The result's maps are the answer's: the Scheduler made them for
+		// this request.
 		out := extenderv1.ExtenderFilterResult{
-			FailedNodes:                extenderv1.FailedNodesMap{},
-			FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{},
+			FailedNodes:                res.Failed,
+			FailedAndUnresolvableNodes: res.Unresolvable,
+		}
+		if out.FailedNodes == nil {
+			out.FailedNodes = extenderv1.FailedNodesMap{}
+		}
+		if out.FailedAndUnresolvableNodes == nil {
+			out.FailedAndUnresolvableNodes = extenderv1.FailedNodesMap{}
 		}
 		for name, why := range unresolved {
 			out.FailedNodes[name] = why
-		}
-		for name, why := range res.Failed {
-			out.FailedNodes[name] = why
-		}
-		for name, why := range res.Unresolvable {
-			out.FailedAndUnresolvableNodes[name] = why
 		}
 		if args.Nodes != nil {
 			list := &v1.NodeList{Items: make([]v1.Node, 0, len(res.Passing))}

@@ -38,8 +38,13 @@ type Status struct {
 	Reason string
 }
 
-// Fail is a Status of code with a reason.
+// Fail is a Status of code with a reason: format as it is when there are
+// no args (filters fail thousands of nodes with a fixed reason per
+// request), else formatted.
 func Fail(code Code, format string, args ...any) *Status {
+	if len(args) == 0 {
+		return &Status{Code: code, Reason: format}
+	}
 	return &Status{Code: code, Reason: fmt.Sprintf(format, args...)}
 }
 
@@ -81,9 +86,11 @@ type FilterResult struct {
 	Passing      []*v1.Node
 	Failed       map[string]string
 	Unresolvable map[string]string
-	// FailedBy names, for each node of Failed and Unresolvable, the plugin
-	// that failed it (its Name, as kube-scheduler's metrics name plugins).
-	FailedBy map[string]string
+	// FailedBy counts the nodes of Failed and Unresolvable by the plugin
+	// that failed them (its Name, as kube-scheduler's metrics name
+	// plugins): a count per plugin, not a name per node, as only the
+	// metrics read it and thousands of nodes may fail.
+	FailedBy map[string]int
 }
 
 // Framework runs filter plugins in order (a node's first failure is its
@@ -117,7 +124,8 @@ func nodeInfos(snap Snapshot, nodes []*v1.Node) []*NodeInfo {
 
 // Filter runs the filters.
 func (f *Framework) Filter(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) FilterResult {
-	res := FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}, FailedBy: map[string]string{}}
+	res := FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}, FailedBy: map[string]int{},
+		Passing: make([]*v1.Node, 0, len(nodes))}
 	snap := f.Snapshot()
 	infos := nodeInfos(snap, nodes)
 	type named struct {
@@ -128,10 +136,11 @@ func (f *Framework) Filter(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) F
 	for _, p := range f.Filters {
 		check, err := p.PreFilter(ctx, snap, pod)
 		if err != nil {
+			why := err.Error()
 			for _, n := range nodes {
-				res.Unresolvable[n.Name] = err.Error()
-				res.FailedBy[n.Name] = p.Name()
+				res.Unresolvable[n.Name] = why
 			}
+			res.FailedBy[p.Name()] += len(nodes)
 			return res
 		}
 		if check != nil {
@@ -147,7 +156,7 @@ nodes:
 				} else {
 					res.Failed[ni.Node.Name] = st.Reason
 				}
-				res.FailedBy[ni.Node.Name] = c.plugin
+				res.FailedBy[c.plugin]++
 				continue nodes
 			}
 		}

@@ -7,13 +7,14 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 )
 
-// required is upstream's RequiredNodeAffinity (nodeSelector and required
+// Required is upstream's RequiredNodeAffinity (nodeSelector and required
 // node affinity terms) with the same answers, compiled once per pod. It
 // exists for speed: upstream's Match builds a fields.Set of every node it
 // is asked about, which at 5,000 nodes was the largest allocation of a
-// filter request. Terms with matchFields, which need the node's fields,
-// still go through upstream's selector.
-type required struct {
+// filter request (and PodTopologySpread asks it about every node too).
+// Terms with matchFields, which need the node's fields, still go through
+// upstream's selector.
+type Required struct {
 	selector labels.Selector // spec.nodeSelector; nil for none
 	affinity bool            // required node affinity is set
 	terms    []term          // its terms, empty ones left out as upstream does
@@ -26,8 +27,10 @@ type term struct {
 	bad    bool                                // does not parse: matches nothing
 }
 
-func compileRequired(pod *v1.Pod) required {
-	var r required
+// CompileRequired compiles the pod's nodeSelector and required node
+// affinity.
+func CompileRequired(pod *v1.Pod) Required {
+	var r Required
 	if len(pod.Spec.NodeSelector) > 0 {
 		r.selector = labels.SelectorFromSet(pod.Spec.NodeSelector)
 	}
@@ -81,9 +84,10 @@ func expressionsAsSelector(reqs []v1.NodeSelectorRequirement) (labels.Selector, 
 	return sel, true
 }
 
-// match says whether the node satisfies the nodeSelector and one of the
-// terms (a term that does not parse matches nothing, as upstream).
-func (r required) match(n *v1.Node) bool {
+// Match says whether the node satisfies the nodeSelector and one of the
+// terms (a term that does not parse matches nothing, as upstream's Match
+// with its error ignored).
+func (r Required) Match(n *v1.Node) bool {
 	l := labels.Set(n.Labels)
 	if r.selector != nil && !r.selector.Matches(l) {
 		return false

@@ -57,10 +57,10 @@ func TestRequiredMatchesUpstream(t *testing.T) {
 			pod.Spec.Affinity = &v1.Affinity{NodeAffinity: &v1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: sel}}
 		}
 		want := nodeaffinity.GetRequiredNodeAffinity(pod)
-		got := compileRequired(pod)
+		got := CompileRequired(pod)
 		for _, n := range nodes {
 			w, _ := want.Match(n)
-			if g := got.match(n); g != w {
+			if g := got.Match(n); g != w {
 				t.Fatalf("pod %d %+v on node %s %v: got %v, upstream %v", i, pod.Spec, n.Name, n.Labels, g, w)
 			}
 		}

@@ -38,9 +38,9 @@ func (Plugin) PreFilter(_ context.Context, _ framework.Snapshot, pod *v1.Pod) (f
 	if len(pod.Spec.NodeSelector) == 0 && (a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil) {
 		return nil, nil
 	}
-	required := compileRequired(pod)
+	required := CompileRequired(pod)
 	return func(n *framework.NodeInfo) *framework.Status {
-		if !required.match(n.Node) {
+		if !required.Match(n.Node) {
 			return framework.Fail(framework.UnschedulableAndUnresolvable, ErrReasonPod)
 		}
 		return nil

@@ -57,10 +57,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
 	"github.com/tabbynet/tabby/scheduler-extender/framework"
+	"github.com/tabbynet/tabby/scheduler-extender/plugins/nodeaffinity"
 )
 
 // Name is the plugin's name, as upstream.
@@ -416,7 +416,7 @@ func count(pods []*framework.PodInfo, sel labels.Selector, ns string) int {
 // once per node.
 type inclusion struct {
 	pod         *v1.Pod
-	affinity    nodeaffinity.RequiredNodeAffinity
+	affinity    nodeaffinity.Required
 	logger      klog.Logger
 	needAff     bool
 	needTaints  bool
@@ -430,7 +430,7 @@ func newInclusion(pod *v1.Pod, cs []constraint) *inclusion {
 		in.needTaints = in.needTaints || cs[i].HonorTaints
 	}
 	if in.needAff {
-		in.affinity = nodeaffinity.GetRequiredNodeAffinity(pod)
+		in.affinity = nodeaffinity.CompileRequired(pod)
 	}
 	return in
 }
@@ -445,8 +445,8 @@ func (in *inclusion) node(n *v1.Node) (affOK, taintsOK bool) {
 	affOK, taintsOK = true, true
 	if in.needAff {
 		// Parsing errors are ignored, as upstream, for backwards
-		// compatibility.
-		affOK, _ = in.affinity.Match(n)
+		// compatibility: a term that does not parse matches nothing.
+		affOK = in.affinity.Match(n)
 	}
 	if in.needTaints {
 		_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(in.logger, n.Spec.Taints, in.tolerations, doNotScheduleTaint, enableTaintComparisonOperators)
