@@ -21,6 +21,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/scheduler-extender/framework"
@@ -102,6 +103,95 @@ type Plugin struct {
 
 	mu   sync.Mutex
 	last *index // of the last Inputs.Version seen
+	// filtered is what the last few Filters found per node, for Score.
+	filtered [filteredKept]*filtered
+	next     int // the slot of filtered to use next
+}
+
+// filteredKept is how many pods' filter results are kept for Score:
+// kube-scheduler sends a pod's prioritize right after its filter, one pod
+// at a time, so a few cover retries and a second scheduler.
+const filteredKept = 8
+
+// filtered is one pod's filter results, for its prioritize request: Score
+// reuses a node's score when the pod (UID and resourceVersion), the
+// network state (Inputs.Version), the pod's namespace and the Node object
+// are those Filter saw, and works it out again otherwise. Its heartbeat
+// was checked at filter time, milliseconds before.
+type filtered struct {
+	uid     types.UID
+	rv      string
+	version any
+	ns      *v1.Namespace
+
+	mu    sync.Mutex
+	nodes map[string]placed
+}
+
+type placed struct {
+	node  *v1.Node
+	score int64
+}
+
+// remember starts keeping pod's filter results; nil when they cannot be
+// told apart from another state's (no UID or no Version).
+func (p *Plugin) remember(snap framework.Snapshot, pod *v1.Pod, r *request) *filtered {
+	if pod.UID == "" || r.in.Version == nil {
+		return nil
+	}
+	f := &filtered{uid: pod.UID, rv: pod.ResourceVersion, version: r.in.Version, ns: namespaceOf(snap, pod), nodes: map[string]placed{}}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, old := range p.filtered {
+		if old != nil && old.uid == pod.UID {
+			p.filtered[i] = f
+			return f
+		}
+	}
+	p.filtered[p.next] = f
+	p.next = (p.next + 1) % filteredKept
+	return f
+}
+
+// recall is pod's filter results for in and snap, nil when there are none.
+func (p *Plugin) recall(snap framework.Snapshot, pod *v1.Pod, in *Inputs) *filtered {
+	if pod.UID == "" || in.Version == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range p.filtered {
+		if f != nil && f.uid == pod.UID && f.rv == pod.ResourceVersion && f.version == in.Version && f.ns == namespaceOf(snap, pod) {
+			return f
+		}
+	}
+	return nil
+}
+
+func (f *filtered) put(n *v1.Node, score int64) {
+	if f == nil {
+		return
+	}
+	f.mu.Lock()
+	f.nodes[n.Name] = placed{n, score}
+	f.mu.Unlock()
+}
+
+func (f *filtered) get(n *v1.Node) (int64, bool) {
+	if f == nil {
+		return 0, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	pl, ok := f.nodes[n.Name]
+	return pl.score, ok && pl.node == n
+}
+
+func namespaceOf(snap framework.Snapshot, pod *v1.Pod) *v1.Namespace {
+	if snap == nil {
+		return nil
+	}
+	return snap.Namespace(pod.Namespace)
 }
 
 // index is what the plugin works out from one version of the pools and
@@ -197,7 +287,14 @@ func (p *Plugin) PreFilter(_ context.Context, snap framework.Snapshot, pod *v1.P
 			return framework.Fail(framework.UnschedulableAndUnresolvable, "%s", err.Error())
 		}, nil
 	}
-	return func(n *framework.NodeInfo) *framework.Status { _, st := r.place(n.Node); return st }, nil
+	f := p.remember(snap, pod, r)
+	return func(n *framework.NodeInfo) *framework.Status {
+		score, st := r.place(n.Node)
+		if st == nil {
+			f.put(n.Node, score)
+		}
+		return st
+	}, nil
 }
 
 // Score implements framework.ScorePlugin.
@@ -206,11 +303,20 @@ func (p *Plugin) Score(_ context.Context, snap framework.Snapshot, pod *v1.Pod, 
 	if pod.Spec.HostNetwork {
 		return scores, nil
 	}
-	r, err := p.prepare(snap, pod)
-	if err != nil {
-		return scores, nil // Filter reported it; every node scores the same
-	}
+	in := p.Inputs()
+	f := p.recall(snap, pod, in)
+	var r *request
 	for i, n := range nodes {
+		if s, ok := f.get(n.Node); ok {
+			scores[i] = s
+			continue
+		}
+		if r == nil {
+			var err error
+			if r, err = p.prepareWith(in, snap, pod); err != nil {
+				return make([]int64, len(nodes)), nil // Filter reported it; every node scores the same
+			}
+		}
 		scores[i], _ = r.place(n.Node)
 	}
 	return scores, nil
@@ -234,11 +340,11 @@ func annotation(pod *v1.Pod, ns *v1.Namespace, key string, podOnly bool) ([]stri
 }
 
 func (p *Plugin) prepare(snap framework.Snapshot, pod *v1.Pod) (*request, error) {
-	in := p.Inputs()
-	var ns *v1.Namespace
-	if snap != nil {
-		ns = snap.Namespace(pod.Namespace)
-	}
+	return p.prepareWith(p.Inputs(), snap, pod)
+}
+
+func (p *Plugin) prepareWith(in *Inputs, snap framework.Snapshot, pod *v1.Pod) (*request, error) {
+	ns := namespaceOf(snap, pod)
 	idx := p.indexOf(in)
 	// On an error r is still returned, for the heartbeats.
 	r := &request{in: in, idx: idx, nodeBlocks: idx.nodeBlocks}

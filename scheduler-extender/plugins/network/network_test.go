@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -196,5 +197,59 @@ func TestWatcherVersions(t *testing.T) {
 	w.SetBlock(&tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "b1"}, Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.0.0.0/26", Affinity: "host:a", Unallocated: []int{3}}})
 	if got := outcome(t, pl, snap, podAnn(nil)); got[0] != "addr" {
 		t.Errorf("a's block has a free address now: %q", got)
+	}
+}
+
+// TestScoreReusesFilter: prioritize right after filter reuses what filter
+// worked out for the same pod and network state (here: although the
+// heartbeats lapsed since, which the filter checks and a fresh score would
+// see), and works it out again when the pod (resourceVersion) or the
+// network state (Version) changed.
+func TestScoreReusesFilter(t *testing.T) {
+	defaults := tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: tabbyv1.DefaultMaxBlocksPerHost}
+	// 10.0.0.0/24 in /26 blocks, all claimed: b has a free address, a and
+	// c would borrow.
+	full := []Block{block("10.0.0.0/26", "a", 0), block("10.0.0.64/26", "b", 3), block("10.0.0.128/26", "b", 0), block("10.0.0.192/26", "c", 0)}
+	lapse := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	beats := map[string]time.Time{"a": lapse, "b": lapse, "c": lapse}
+	inputs := func(version int, now time.Time) *Inputs {
+		return &Inputs{Pools: []*tabbyv1.IPPool{pool("small", "10.0.0.0/24", 26, nil)}, Blocks: full, Config: defaults,
+			Heartbeats: beats, Now: now, Version: version}
+	}
+	in := inputs(1, lapse.Add(-time.Second))
+	pl := &Plugin{Inputs: func() *Inputs { return in }}
+	ns := nodes()
+	pod := podAnn(nil)
+	pod.UID, pod.ResourceVersion = "uid-p", "7"
+	check, err := pl.PreFilter(context.Background(), nil, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		if st := check(n); st != nil {
+			t.Fatalf("%s: %s", n.Node.Name, st.Reason)
+		}
+	}
+	score := func(pod *v1.Pod) []int64 {
+		t.Helper()
+		s, err := pl.Score(context.Background(), nil, pod, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	in = inputs(1, lapse.Add(time.Second))
+	if got, want := score(pod), []int64{ScoreBorrow, ScoreOwnBlock, ScoreBorrow}; !slices.Equal(got, want) {
+		t.Errorf("same pod and Version: scores %v, want filter's %v", got, want)
+	}
+	lapsed := []int64{0, 0, 0}
+	changed := pod.DeepCopy()
+	changed.ResourceVersion = "8"
+	if got := score(changed); !slices.Equal(got, lapsed) {
+		t.Errorf("pod changed: scores %v, want worked out again %v", got, lapsed)
+	}
+	in = inputs(2, lapse.Add(time.Second))
+	if got := score(pod); !slices.Equal(got, lapsed) {
+		t.Errorf("network changed: scores %v, want worked out again %v", got, lapsed)
 	}
 }
