@@ -49,6 +49,15 @@ type NodeCache interface {
 	Node(name string) (*v1.Node, bool)
 }
 
+// NodesCache is a NodeCache that also resolves many names at once (the
+// informer cache: under one lock rather than one per node).
+type NodesCache interface {
+	NodeCache
+	// Nodes appends to out the Nodes of names it knows, in order, and
+	// calls missing with each name it does not.
+	Nodes(names []string, out []*v1.Node, missing func(name string)) []*v1.Node
+}
+
 // Handler serves POST /filter and POST /prioritize, and POST /bind when
 // it has Bind.
 type Handler struct {
@@ -369,6 +378,10 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_, _ = w.Write(b)
 }
 
+func notCached(name string) string {
+	return "node " + name + " is not in tabby-scheduler-extender's node cache yet"
+}
+
 // resolve returns the Nodes the request is about, and the names it could not
 // resolve with the reason. Full Nodes win when both are present.
 func (h *Handler) resolve(args *extenderv1.ExtenderArgs) (nodes []*v1.Node, unresolved map[string]string) {
@@ -381,6 +394,12 @@ func (h *Handler) resolve(args *extenderv1.ExtenderArgs) (nodes []*v1.Node, unre
 	}
 	unresolved = map[string]string{}
 	nodes = make([]*v1.Node, 0, len(*args.NodeNames))
+	if nc, ok := h.Nodes.(NodesCache); ok {
+		nodes = nc.Nodes(*args.NodeNames, nodes, func(name string) {
+			unresolved[name] = notCached(name)
+		})
+		return nodes, unresolved
+	}
 	for _, name := range *args.NodeNames {
 		if h.Nodes == nil {
 			unresolved[name] = ReasonNoNodeCache
@@ -388,7 +407,7 @@ func (h *Handler) resolve(args *extenderv1.ExtenderArgs) (nodes []*v1.Node, unre
 		}
 		n, ok := h.Nodes.Node(name)
 		if !ok {
-			unresolved[name] = "node " + name + " is not in tabby-scheduler-extender's node cache yet"
+			unresolved[name] = notCached(name)
 			continue
 		}
 		nodes = append(nodes, n)

@@ -203,6 +203,21 @@ func (c *Cache) Snapshot() framework.Snapshot {
 	return c.snap
 }
 
+// Nodes implements the extender's NodesCache: nodes by name, under one
+// lock (missing is called with it held, so must not call the cache).
+func (c *Cache) Nodes(names []string, out []*v1.Node, missing func(name string)) []*v1.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, name := range names {
+		if ni := c.nodes[name]; ni != nil && ni.Node != nil {
+			out = append(out, ni.Node)
+		} else {
+			missing(name)
+		}
+	}
+	return out
+}
+
 // Node implements the extender's NodeCache: a node by name.
 func (c *Cache) Node(name string) (*v1.Node, bool) {
 	c.mu.Lock()

@@ -105,3 +105,19 @@ func TestCache(t *testing.T) {
 		t.Error("deleted namespace still in the snapshot")
 	}
 }
+
+// TestNodes: names resolve in order; unknown nodes, and nodes known only
+// by their pods, are missing.
+func TestNodes(t *testing.T) {
+	c := New()
+	c.SetNode(node("a"))
+	c.SetNode(node("b"))
+	c.SetPod(pod("p", "ghost", v1.PodRunning, false))
+	var missing []string
+	got := []string{}
+	for _, n := range c.Nodes([]string{"b", "x", "a", "ghost"}, nil, func(name string) { missing = append(missing, name) }) {
+		got = append(got, n.Name)
+	}
+	eq(t, "resolved", got, "b", "a")
+	eq(t, "missing", missing, "x", "ghost")
+}
