@@ -133,6 +133,7 @@ GOFILES = $$(find . -name '*.go' -not -path './.cache/*' -not -path './test/cont
 vet: check-generated
 	@test -z "$$(gofmt -l $(GOFILES))" || { gofmt -l $(GOFILES); echo "gofmt needed on the files above"; exit 1; }
 	go vet ./...
+	cd test/schedcompare && go vet ./...
 
 .cache/controller-gen: hack/tools/go.mod hack/tools/go.sum
 	@mkdir -p .cache
