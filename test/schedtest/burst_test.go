@@ -226,8 +226,9 @@ func extenderFilter(p *corev1.Pod, n int) (int, error) {
 }
 
 // logPlacementWaits logs the extender's counts of placements it waited
-// for (absent from extenders without the wait).
-func logPlacementWaits(t *testing.T) {
+// for (absent from extenders without the wait), its requests and the time
+// it took to answer them, by verb.
+func logPlacementWaits(t testing.TB) {
 	resp, err := http.Get(extenderURL + "/metrics") //nolint:gosec // the test's extender on loopback
 	if err != nil {
 		t.Logf("extender metrics: %v", err)
@@ -237,7 +238,8 @@ func logPlacementWaits(t *testing.T) {
 	data, _ := io.ReadAll(resp.Body)
 	for _, line := range strings.Split(string(data), "\n") {
 		if strings.HasPrefix(line, "tabby_scheduler_extender_placement_wait") && !strings.Contains(line, "_bucket") ||
-			strings.HasPrefix(line, "tabby_scheduler_extender_requests_total") {
+			strings.HasPrefix(line, "tabby_scheduler_extender_requests_total") ||
+			strings.HasPrefix(line, "tabby_scheduler_extender_request_duration_seconds_sum") {
 			t.Logf("extender: %s", line)
 		}
 	}

@@ -120,6 +120,10 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 				total += scheduleBatch(b, cs, sched, i)
 			}
 			b.ReportMetric(float64(benchPods*b.N)/total.Seconds(), "pods/s")
+			if sched != plainScheduler {
+				// Where the extender's share of the time goes.
+				logPlacementWaits(b)
+			}
 		})
 	}
 }
