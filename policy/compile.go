@@ -21,8 +21,9 @@ var (
 )
 
 const (
-	markSet   = "0x10000/0x10000"
-	markClear = "0x0/0x10000"
+	markSet = "0x10000/0x10000"
+	// markClear clears every bit of MarkMask.
+	markClear = "0x0/0x30000"
 	// jumpComment marks the one rule tabby keeps in FORWARD.
 	jumpComment = contract.CommentPrefix + "network-policy"
 	// nsNameLabel is the label the API server puts on every Namespace.
@@ -31,8 +32,9 @@ const (
 
 func init() {
 	// The mark strings above are MarkAllowed and MarkMask spelled out.
-	if fmt.Sprintf("%#x/%#x", MarkAllowed, MarkMask) != markSet {
-		panic("policy: markSet does not match MarkAllowed")
+	if fmt.Sprintf("%#x/%#x", MarkAllowed, MarkAllowed) != markSet || fmt.Sprintf("0x0/%#x", MarkMask) != markClear ||
+		fmt.Sprintf("%#x/%#x", MarkPass, MarkMask) != markPassSet || fmt.Sprintf("%#x/%#x", MarkAllowed, MarkMask) != markAcceptSet {
+		panic("policy: the mark strings do not match MarkAllowed, MarkPass and MarkMask")
 	}
 }
 
@@ -64,7 +66,9 @@ func Compile(in *Input) *Ruleset {
 	c.loadNamespaces()
 	c.loadEndpoints()
 	c.loadPolicies()
+	c.loadClusterPolicies()
 	c.selectLocal()
+	c.selectLocalCNP()
 	return c.emit()
 }
 
@@ -84,6 +88,7 @@ type compiler struct {
 	named    map[string][]namedEntry
 
 	policies []*cpolicy
+	cnps     []*ccnp             // in the order they run: Admin then Baseline, by priority and name
 	nsSel    map[string][]string // namespace selector string -> matching namespaces
 	podSets  map[string]*podSet
 	// sets are the sets of the Ruleset; made holds every set computed,
@@ -107,6 +112,7 @@ type endpoint struct {
 	iface   string
 	local   bool
 	in, eg  []*cpolicy // policies selecting the local pod
+	cnp     [directions][]*ccnp
 }
 
 type group struct {

@@ -52,6 +52,7 @@ type signature struct {
 	name string // the chain
 	hash string // the hash in its name, which the set's name repeats
 	dir  direction
+	cnps []*ccnp // in the order they run
 	pols []*cpolicy
 	eps  []*endpoint // the local pods it selects, sorted
 }
@@ -73,6 +74,9 @@ func (c *compiler) emit() *Ruleset {
 	for _, p := range c.policies {
 		c.policyChains(p)
 	}
+	for _, p := range c.cnps {
+		c.cnpChains(p)
+	}
 	for fam, family := range families {
 		c.emitFamily(fam, family, sigs)
 	}
@@ -87,10 +91,13 @@ func (c *compiler) emit() *Ruleset {
 // local pods as programmed.
 func (c *compiler) signatures() []*signature {
 	sigs := map[string]*signature{}
-	sigOf := func(dir direction, pols []*cpolicy) *signature {
-		keys := make([]string, len(pols))
-		for i, p := range pols {
-			keys[i] = p.key
+	sigOf := func(dir direction, cnps []*ccnp, pols []*cpolicy) *signature {
+		keys := make([]string, 0, len(cnps)+len(pols))
+		for _, p := range cnps {
+			keys = append(keys, p.key)
+		}
+		for _, p := range pols {
+			keys = append(keys, p.key)
 		}
 		kind := kindPodIngress
 		if dir == dirEgress {
@@ -100,18 +107,18 @@ func (c *compiler) signatures() []*signature {
 		name := PolicyChainPrefix + kind + h
 		s := sigs[name]
 		if s == nil {
-			s = &signature{name: name, hash: h, dir: dir, pols: pols}
+			s = &signature{name: name, hash: h, dir: dir, cnps: cnps, pols: pols}
 			sigs[name] = s
 		}
 		return s
 	}
 	for _, ep := range c.locals {
-		if len(ep.eg) > 0 {
-			s := sigOf(dirEgress, ep.eg)
+		if ep.selected(dirEgress) {
+			s := sigOf(dirEgress, ep.cnp[dirEgress], ep.eg)
 			s.eps = append(s.eps, ep)
 		}
-		if len(ep.in) > 0 {
-			s := sigOf(dirIngress, ep.in)
+		if ep.selected(dirIngress) {
+			s := sigOf(dirIngress, ep.cnp[dirIngress], ep.in)
 			s.eps = append(s.eps, ep)
 		}
 		c.rs.Programmed = append(c.rs.Programmed, ep.key)
@@ -122,6 +129,15 @@ func (c *compiler) signatures() []*signature {
 		out[i] = sigs[n]
 	}
 	return out
+}
+
+// selected says whether any policy (NetworkPolicy or
+// ClusterNetworkPolicy) selects the local pod in dir.
+func (ep *endpoint) selected(dir direction) bool {
+	if dir == dirEgress {
+		return len(ep.eg) > 0 || len(ep.cnp[dirEgress]) > 0
+	}
+	return len(ep.in) > 0 || len(ep.cnp[dirIngress]) > 0
 }
 
 // ifaceMatches are the -i/-o arguments for local pods' veths (pre) and,
@@ -149,6 +165,13 @@ func (c *compiler) emitFamily(fam int, family string, sigs []*signature) {
 		add(s.name, s.rules(c.logRule(s)))
 	}
 	for _, p := range c.policies {
+		for _, dir := range allDirections {
+			if p.used[dir] {
+				add(p.chain(dir), p.rules[dir][fam])
+			}
+		}
+	}
+	for _, p := range c.cnps {
 		for _, dir := range allDirections {
 			if p.used[dir] {
 				add(p.chain(dir), p.rules[dir][fam])
@@ -221,10 +244,10 @@ func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature)
 func (c *compiler) unselectedSets(fam int, family string) (eg, in string) {
 	var openEg, openIn []*endpoint
 	for _, ep := range c.locals {
-		if len(ep.eg) == 0 {
+		if !ep.selected(dirEgress) {
 			openEg = append(openEg, ep)
 		}
-		if len(ep.in) == 0 {
+		if !ep.selected(dirIngress) {
 			openIn = append(openIn, ep)
 		}
 	}
@@ -234,15 +257,40 @@ func (c *compiler) unselectedSets(fam int, family string) (eg, in string) {
 	return eg, in
 }
 
-// rules are the signature's chain: each policy's chain in turn, the first
-// to mark the packet accepts it, and none drops it (after log, when not
-// nil, logs it).
+// rules are the signature's chain, the tiers in order. Admin: each
+// ClusterNetworkPolicy's chain in turn (a Deny drops; the first decision
+// of the tier stops the others' rules), an Accept returns, a Pass or no
+// decision clears the marks and goes on. NetworkPolicy: each policy's
+// chain in turn, the first to mark the packet accepts it, and none drops
+// it (after log, when not nil, logs it). Only without NetworkPolicies,
+// Baseline: as Admin, and what it leaves undecided (or passes) returns,
+// allowed.
 func (s *signature) rules(log []string) [][]string {
 	rules := [][]string{{"-j", "MARK", "--set-xmark", markClear}}
-	for _, p := range s.pols {
+	jump := func(key, chain string) {
+		rules = append(rules, []string{"-m", "comment", "--comment", comment(key), "-j", chain})
+	}
+	admin := 0
+	for _, p := range s.cnps {
+		if p.admin {
+			jump(p.key, p.chain(s.dir))
+			admin++
+		}
+	}
+	if admin > 0 {
 		rules = append(rules,
-			[]string{"-m", "comment", "--comment", comment(p.key), "-j", p.chain(s.dir)},
-			[]string{"-m", "mark", "--mark", markSet, "-j", "RETURN"})
+			[]string{"-m", "mark", "--mark", markSet, "-j", "RETURN"},
+			[]string{"-j", "MARK", "--set-xmark", markClear})
+	}
+	if len(s.pols) == 0 {
+		for _, p := range s.cnps[admin:] {
+			jump(p.key, p.chain(s.dir))
+		}
+		return rules
+	}
+	for _, p := range s.pols {
+		jump(p.key, p.chain(s.dir))
+		rules = append(rules, []string{"-m", "mark", "--mark", markSet, "-j", "RETURN"})
 	}
 	if log != nil {
 		rules = append(rules, log)
@@ -308,24 +356,35 @@ var markRule = []string{"-j", "MARK", "--set-xmark", markSet}
 func (c *compiler) policyRules(rules []*crule, dir direction, fam int) [][]string {
 	out := [][]string{}
 	for _, r := range rules {
-		var peers [][]string
-		if r.allPeers {
-			peers = [][]string{nil}
-		} else {
-			for i := range r.podGroups {
-				peers = append(peers, []string{"-m", "set", "--match-set", c.podSet(&r.podGroups[i], fam), dir.peerMatch()})
-			}
-			if nets := c.ruleNets(r); len(nets[fam]) > 0 {
-				peers = append(peers, []string{"-m", "set", "--match-set", c.netSet(nets[fam], fam), dir.peerMatch()})
-			}
+		for _, m := range c.ruleMatches(r, dir, fam) {
+			out = append(out, cat(m, markRule))
 		}
-		if len(peers) == 0 {
-			continue // every peer is of the other family
+	}
+	return out
+}
+
+// ruleMatches are the alternative matches (port match, then peer match)
+// of one rule in one family and direction; none when every peer is of the
+// other family.
+func (c *compiler) ruleMatches(r *crule, dir direction, fam int) [][]string {
+	var peers [][]string
+	if r.allPeers {
+		peers = [][]string{nil}
+	} else {
+		for i := range r.podGroups {
+			peers = append(peers, []string{"-m", "set", "--match-set", c.podSet(&r.podGroups[i], fam), dir.peerMatch()})
 		}
-		for _, pm := range c.portMatches(r, fam, dir == dirIngress) {
-			for _, pe := range peers {
-				out = append(out, cat(pm, pe, markRule))
-			}
+		if nets := c.ruleNets(r); len(nets[fam]) > 0 {
+			peers = append(peers, []string{"-m", "set", "--match-set", c.netSet(nets[fam], fam), dir.peerMatch()})
+		}
+	}
+	if len(peers) == 0 {
+		return nil // every peer is of the other family
+	}
+	var out [][]string
+	for _, pm := range c.portMatches(r, fam, dir == dirIngress) {
+		for _, pe := range peers {
+			out = append(out, cat(pm, pe))
 		}
 	}
 	return out

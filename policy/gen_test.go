@@ -254,8 +254,21 @@ func (g *gen) world() *world {
 	for i := g.c.n(5); i >= 0; i-- {
 		w.policies = append(w.policies, g.policy(i))
 	}
+	// ClusterNetworkPolicies come last, so the pods and NetworkPolicies
+	// of a seed are what they were before there were any.
+	g.nodes(w)
+	g.addCNPs(w)
 	return w
 }
+
+// addCNPs adds up to four ClusterNetworkPolicies.
+func (g *gen) addCNPs(w *world) {
+	for i := g.c.n(5); i > 0; i-- {
+		w.cnps = append(w.cnps, g.cnp(len(w.cnps)))
+	}
+}
+
+func newRand(seed int) *rand.Rand { return rand.New(rand.NewSource(int64(seed))) }
 
 // compare checks every connection of a world against the reference
 // semantics, for both families, through the compiled rules of both nodes.
@@ -286,6 +299,9 @@ func describe(w *world) string {
 	s := ""
 	for _, p := range w.policies {
 		s += fmt.Sprintf("\n  %s/%s %+v", p.Namespace, p.Name, p.Spec)
+	}
+	for _, p := range w.cnps {
+		s += fmt.Sprintf("\n  cnp %s %+v", p.Name, p.Spec)
 	}
 	for _, p := range w.pods {
 		s += fmt.Sprintf("\n  pod %s %v %s %v", p.key(), p.labels, p.node, p.ports)

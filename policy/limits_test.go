@@ -162,6 +162,7 @@ func TestLimitsFailClosedRandom(t *testing.T) {
 		g := &gen{c: &chooser{r: rand.New(rand.NewSource(int64(seed)))}, valid: true}
 		w := g.world()
 		w.limits = Limits{SetMembers: 2, Rules: 6}
+		w.cnps = nil // the reference below empties NetworkPolicies
 		// One node: what is over the limits depends on the node (which
 		// directions of a policy select a pod there, the local pods'
 		// named ports), and the reference is one set of policies.

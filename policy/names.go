@@ -26,6 +26,8 @@ const (
 	kindPodIngress    = "I-"
 	kindPolicyEgress  = "PE-"
 	kindPolicyIngress = "PI-"
+	kindCNPEgress     = "CE-"
+	kindCNPIngress    = "CI-"
 )
 
 // chainName is PolicyChainPrefix + kind + hash: at most 26 bytes.

@@ -223,8 +223,8 @@ func parseMarkPair(s string) (uint32, uint32, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	if b != MarkMask || a&^b != 0 {
-		return 0, 0, fmt.Errorf("mark %q leaves tabby's bit %#x", s, MarkMask)
+	if b == 0 || b&^MarkMask != 0 || a&^b != 0 {
+		return 0, 0, fmt.Errorf("mark %q leaves tabby's bits %#x", s, MarkMask)
 	}
 	return uint32(a), uint32(b), nil
 }

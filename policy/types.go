@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 	"github.com/tabbynet/tabby/contract"
 )
 
@@ -54,14 +55,17 @@ const (
 	FamilyIPv6 = "inet6"
 )
 
-// The one packet mark bit the rules use: a policy chain sets it when one of
-// its rules allows the packet, the per-pod chain tests it, and
-// TABBY-NP-POD clears it again before accepting, so nothing else sees it.
-// The rules only ever touch this bit (--set-xmark value/MarkMask).
+// The packet mark bits the rules use: a policy chain sets MarkAllowed when
+// one of its rules allows the packet (a ClusterNetworkPolicy's Accept), a
+// ClusterNetworkPolicy chain sets MarkPass for a Pass, the per-pod chain
+// tests them, and TABBY-NP-POD clears both again before accepting, so
+// nothing else sees them. The rules only ever touch these bits (every
+// --mark and --set-xmark mask is within MarkMask).
 const (
 	MarkAllowed = 0x10000
-	// MarkMask is the mask every tabby mark match or set uses.
-	MarkMask = MarkAllowed
+	MarkPass    = 0x20000
+	// MarkMask holds every bit tabby's rules touch.
+	MarkMask = MarkAllowed | MarkPass
 )
 
 // The fixed chains of a Ruleset (both families). Hashed chain names are
@@ -123,6 +127,13 @@ type Input struct {
 	// local and remote: a policy's peers may be anywhere.
 	Endpoints []Endpoint
 	Policies  []*networkingv1.NetworkPolicy
+	// ClusterPolicies are the ClusterNetworkPolicies: their Admin tier
+	// runs before Policies, their Baseline tier where no NetworkPolicy
+	// selects the pod in that direction.
+	ClusterPolicies []*cnpv1.ClusterNetworkPolicy
+	// Nodes give the addresses of ClusterNetworkPolicy egress peers that
+	// select nodes (their InternalIP and ExternalIP addresses).
+	Nodes []*corev1.Node
 
 	// HostVethPrefix is the prefix of the host-side veth names of local
 	// pods; "" means DefaultHostVethPrefix. Only traffic in from or out to
@@ -264,16 +275,28 @@ type Endpoint struct {
 //	                  output interface (with DenyUnlisted, tabby-np-u4-ingress,
 //	                  "-o tabby+ -j RETURN", "-j DROP")
 //	TABBY-NP-E-<h>   one chain per distinct set of egress policies selecting a pod (pods share it):
-//	                 -j MARK --set-xmark 0x0/0x10000
+//	                 -j MARK --set-xmark 0x0/0x30000
+//	                 -m comment --comment cnp:<name> -j TABBY-NP-CE-<h>   per Admin ClusterNetworkPolicy,
+//	                 ...                                                  by priority then name
+//	                 -m mark --mark 0x10000/0x10000 -j RETURN            (Admin accepted)
+//	                 -j MARK --set-xmark 0x0/0x30000                     (Admin passed or did not match)
 //	                 -m comment --comment <ns/policy> -j TABBY-NP-PE-<h>            per policy, sorted
 //	                 -m mark --mark 0x10000/0x10000 -j RETURN
 //	                 ...
 //	                 (with Input.DeniedLog: -m hashlimit … -j NFLOG --nflog-prefix tabby:E-<H>; see DeniedLog)
 //	                 -j DROP
+//	                 (the Admin lines only with Admin policies; without NetworkPolicies,
+//	                 instead of them and the DROP: a jump to each Baseline policy's
+//	                 TABBY-NP-CE-<h>, and what falls off the end is allowed)
 //	TABBY-NP-I-<h>   the same for ingress, jumping to TABBY-NP-PI-<h>
 //	TABBY-NP-PE-<h>  one chain per policy with egress: every rule that allows a
 //	                 packet is "<port match> <peer match> -j MARK --set-xmark 0x10000/0x10000"
 //	TABBY-NP-PI-<h>  the same for ingress
+//	TABBY-NP-CE-<h>  one chain per ClusterNetworkPolicy with egress rules selecting a local pod:
+//	                 each rule, in order, is "-m mark --mark 0x0/0x30000 <port match> <peer match>"
+//	                 and "-j MARK --set-xmark 0x10000/0x30000" (Accept), "... 0x20000/0x30000"
+//	                 (Pass) or "-j DROP" (Deny): the first rule of the tier to match decides
+//	TABBY-NP-CI-<h>  the same for ingress
 //
 // Peer matches are "-m set --match-set tabby-np-p4-<h> src|dst" (pod IPs of
 // selector peers, hash:ip) and "-m set --match-set tabby-np-n4-<h> src|dst"
@@ -399,7 +422,8 @@ type Jump struct {
 type Problem struct {
 	Namespace, Name string
 	Message         string
-	// Kind is "NetworkPolicy" or "Pod".
+	// Kind is "NetworkPolicy", "ClusterNetworkPolicy" (no Namespace) or
+	// "Pod".
 	Kind string
 	// Limit is set when the policy is over one of the Limits: the flag
 	// that raises it (FlagMaxSetMembers, FlagMaxPolicySets or

@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 )
 
 // The world of the upstream NetworkPolicy e2e suite: namespaces x, y, z,
@@ -55,7 +57,11 @@ type world struct {
 	pods     []*tpod
 	ext      *tpod
 	policies []*networkingv1.NetworkPolicy
+	cnps     []*cnpv1.ClusterNetworkPolicy
 	nodes    []string
+	// nodeObjs are the Nodes the compiler reads for nodes peers; the
+	// reference reads the same addresses.
+	nodeObjs []*corev1.Node
 	// noV6 leaves the pods IPv4 only.
 	noV6 bool
 	// limits go into every node's Input, and so does deniedLog.
@@ -118,7 +124,7 @@ func (w *world) pod(key string) *tpod {
 }
 
 func (w *world) input(node string) *Input {
-	in := &Input{Node: node, Policies: w.policies, Limits: w.limits, DeniedLog: w.deniedLog}
+	in := &Input{Node: node, Policies: w.policies, ClusterPolicies: w.cnps, Nodes: w.nodeObjs, Limits: w.limits, DeniedLog: w.deniedLog}
 	nss := make([]string, 0, len(w.nsLabels))
 	for ns := range w.nsLabels {
 		nss = append(nss, ns)
@@ -313,10 +319,18 @@ func (w *world) ruleAllows(t testing.TB, np *networkingv1.NetworkPolicy, peers [
 	return peerOK && portOK
 }
 
-// oracle is whether Kubernetes allows a new connection from -> to.
+// oracle is whether Kubernetes allows a new connection from -> to: each
+// direction decided by the Admin tier, else by the NetworkPolicies when
+// any isolates the pod, else by the Baseline tier, else allowed.
 func (w *world) oracle(t testing.TB, from, to *tpod, proto string, port, fam int) bool {
-	egressIsolated, egressOK := false, false
-	ingressIsolated, ingressOK := false, false
+	egIsolated, egOK, inIsolated, inOK := w.npOracle(t, from, to, proto, port, fam)
+	return w.tiered(t, true, from, to, proto, port, fam, egIsolated, egOK) &&
+		w.tiered(t, false, from, to, proto, port, fam, inIsolated, inOK)
+}
+
+// npOracle is what the NetworkPolicies say of each direction: whether any
+// isolates the pod, and whether one allows the connection.
+func (w *world) npOracle(t testing.TB, from, to *tpod, proto string, port, fam int) (egressIsolated, egressOK, ingressIsolated, ingressOK bool) {
 	for _, np := range w.policies {
 		if hasType(np, networkingv1.PolicyTypeEgress) && w.selects(t, np, from) {
 			egressIsolated = true
@@ -331,7 +345,7 @@ func (w *world) oracle(t testing.TB, from, to *tpod, proto string, port, fam int
 			}
 		}
 	}
-	return (!egressIsolated || egressOK) && (!ingressIsolated || ingressOK)
+	return egressIsolated, egressOK, ingressIsolated, ingressOK
 }
 
 // ---- truth tables ----
