@@ -45,21 +45,28 @@ func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 	if err != nil {
 		return nil, err
 	}
+	cpc, err := netpol.NewClusterPolicyClient(rc)
+	if err != nil {
+		return nil, err
+	}
 	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName)
 	c, err := netpol.New(netpol.Config{
-		Node:         cfg.NodeName,
-		DS:           ds,
-		Policies:     pc,
-		Compile:      policy.Compile,
-		Applier:      a,
-		DenyUnlisted: cfg.PolicyDenyUnlisted,
-		Limits:       cfg.PolicyLimits,
-		DeniedLog:    cfg.DeniedLog,
-		Denied:       denied,
-		Recorder:     rec,
-		Resync:       cfg.PolicyResync,
-		Log:          cfg.Log,
-		Metrics:      met.policy,
+		Node:     cfg.NodeName,
+		DS:       ds,
+		Policies: pc,
+		// ClusterNetworkPolicy is always on: without its CRD the
+		// client lists none.
+		ClusterPolicies: cpc,
+		Compile:         policy.Compile,
+		Applier:         a,
+		DenyUnlisted:    cfg.PolicyDenyUnlisted,
+		Limits:          cfg.PolicyLimits,
+		DeniedLog:       cfg.DeniedLog,
+		Denied:          denied,
+		Recorder:        rec,
+		Resync:          cfg.PolicyResync,
+		Log:             cfg.Log,
+		Metrics:         met.policy,
 	})
 	if err != nil {
 		stopEvents()

@@ -3,17 +3,23 @@ package netpol
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -93,3 +99,53 @@ func NewRecorder(ds *datastore.Client, node string) (rec record.EventRecorder, s
 	b.StartRecordingToSink(EventSink{DS: ds})
 	return b.NewRecorder(Scheme, corev1.EventSource{Component: "tabbyd", Host: node}), b.Shutdown
 }
+
+// ClusterPolicyClient lists and watches the ClusterNetworkPolicies
+// (policy.networking.k8s.io/v1beta1) as unstructured objects, which the
+// controller decodes into tabby's mirror of the API (api/cnp/v1beta1): an
+// object that does not decode is reported, not a stuck informer.
+//
+// Where the CRD is not installed, List answers an empty list (and Watch
+// fails, so the informer lists again after its back-off): a cluster
+// without ClusterNetworkPolicy still gets its NetworkPolicies enforced,
+// and one that installs the CRD later gets its policies without a
+// restart of tabbyd.
+type ClusterPolicyClient struct {
+	ri dynamic.ResourceInterface
+	// missing is set while the API server does not serve the resource.
+	missing atomic.Bool
+}
+
+// NewClusterPolicyClient is a ClusterPolicyClient on the API server of rc.
+func NewClusterPolicyClient(rc *rest.Config) (*ClusterPolicyClient, error) {
+	cfg := rest.CopyConfig(rc)
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = "tabbyd"
+	}
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("building the policy.networking.k8s.io client: %w", err)
+	}
+	return &ClusterPolicyClient{ri: dc.Resource(cnpv1.GroupVersionResource)}, nil
+}
+
+// List lists every ClusterNetworkPolicy; none where the CRD is missing.
+func (c *ClusterPolicyClient) List(ctx context.Context, opts metav1.ListOptions) (*unstructured.UnstructuredList, error) {
+	l, err := c.ri.List(ctx, opts)
+	if apierrors.IsNotFound(err) {
+		c.missing.Store(true)
+		return &unstructured.UnstructuredList{}, nil
+	}
+	if err == nil {
+		c.missing.Store(false)
+	}
+	return l, err
+}
+
+// Watch watches the ClusterNetworkPolicies.
+func (c *ClusterPolicyClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	return c.ri.Watch(ctx, opts)
+}
+
+// Missing says whether the last list found the CRD not installed.
+func (c *ClusterPolicyClient) Missing() bool { return c.missing.Load() }

@@ -1,6 +1,7 @@
 // Package netpol is tabbyd's NetworkPolicy loop: it watches Pods,
-// Namespaces, NetworkPolicies (networking.k8s.io/v1) and tabby's
-// IPAMBlocks, and on every change (coalesced, and periodically) builds the
+// Namespaces, NetworkPolicies (networking.k8s.io/v1), ClusterNetworkPolicies
+// (policy.networking.k8s.io/v1beta1) with the Nodes their peers may select,
+// and tabby's IPAMBlocks, and on every change (coalesced, and periodically) builds the
 // compiler's input (BuildInput), compiles the whole ruleset (package
 // policy) and applies it to the kernel (package policy/apply). It is
 // level-triggered: every sync starts from the informers' state, so a missed
@@ -37,6 +38,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -95,8 +97,12 @@ type Config struct {
 	// Policies reads the NetworkPolicies of every namespace
 	// (NewPolicyClient).
 	Policies datastore.ListWatcher[*networkingv1.NetworkPolicyList]
-	Compile  Compiler
-	Applier  Applier
+	// ClusterPolicies reads the ClusterNetworkPolicies
+	// (NewClusterPolicyClient); nil: none are enforced. With it the
+	// controller also watches Nodes, whose addresses nodes peers match.
+	ClusterPolicies datastore.ListWatcher[*unstructured.UnstructuredList]
+	Compile         Compiler
+	Applier         Applier
 	// DenyUnlisted drops the traffic of host veths that no pod the
 	// controller knows has (policy.Input.DenyUnlisted): a pod wired while
 	// tabbyd was away is cut off until its policies are programmed,
@@ -131,7 +137,9 @@ type Controller struct {
 	met *metrics
 
 	pods, namespaces, policies, blocks cache.SharedIndexInformer
-	loop                               *loop.Loop
+	// cnps and nodes are nil without Config.ClusterPolicies.
+	cnps, nodes cache.SharedIndexInformer
+	loop        *loop.Loop
 
 	// Owned by the loop goroutine.
 	reported map[string]string // "Kind namespace/name" -> problem reported
@@ -209,6 +217,10 @@ func New(cfg Config) (*Controller, error) {
 	c.namespaces = informer(&corev1.Namespace{}, cfg.DS.Namespaces, c.markDirty, namespaceChanged)
 	c.policies = informer(&networkingv1.NetworkPolicy{}, cfg.Policies, c.markDirty, nil)
 	c.blocks = informer(&tabbyv1.IPAMBlock{}, cfg.DS.IPAMBlocks, c.markDirty, blockChanged)
+	if cfg.ClusterPolicies != nil {
+		c.cnps = informer(&unstructured.Unstructured{}, cfg.ClusterPolicies, c.markDirty, nil)
+		c.nodes = informer(&corev1.Node{}, cfg.DS.Nodes, c.markDirty, nodeChanged)
+	}
 	return c, nil
 }
 
@@ -231,6 +243,9 @@ func (c *Controller) markDirty() { c.loop.Trigger() }
 // when it returns: pods stay protected while tabbyd restarts.
 func (c *Controller) Run(ctx context.Context) error {
 	all := []cache.SharedIndexInformer{c.pods, c.namespaces, c.policies, c.blocks}
+	if c.cnps != nil {
+		all = append(all, c.cnps, c.nodes)
+	}
 	synced := make([]cache.InformerSynced, 0, len(all))
 	for _, inf := range all {
 		go inf.RunWithContext(ctx)
@@ -274,12 +289,24 @@ func (c *Controller) checkJumps(ctx context.Context) {
 
 // Input is the compiler's input from the informers' current state.
 func (c *Controller) Input() *policy.Input {
+	in, _ := c.input()
+	return in
+}
+
+// input is Input and the ClusterNetworkPolicies that could not be decoded.
+func (c *Controller) input() (*policy.Input, []policy.Problem) {
 	in := BuildInput(c.cfg.Node, datastore.StoreList[corev1.Pod](c.pods), datastore.StoreList[corev1.Namespace](c.namespaces),
 		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), datastore.StoreList[tabbyv1.IPAMBlock](c.blocks))
 	in.DenyUnlisted = c.cfg.DenyUnlisted
 	in.Limits = c.cfg.Limits
 	in.DeniedLog = c.cfg.DeniedLog
-	return in
+	var bad []policy.Problem
+	if c.cnps != nil {
+		in.ClusterPolicies, bad = DecodeClusterPolicies(datastore.StoreList[unstructured.Unstructured](c.cnps))
+		in.Nodes = datastore.StoreList[corev1.Node](c.nodes)
+		slices.SortFunc(in.Nodes, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
+	}
+	return in, bad
 }
 
 // sync compiles and applies everything once.
@@ -291,7 +318,7 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	c.gen++
 	gen := c.gen
 	c.mu.Unlock()
-	in := c.Input()
+	in, undecoded := c.input()
 	known := localEndpoints(in, nil)
 	defer func() {
 		c.mu.Lock()
@@ -320,7 +347,7 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	c.report(rs.Problems)
+	c.report(append(slices.Clip(rs.Problems), undecoded...))
 	if c.cfg.Denied != nil {
 		c.cfg.Denied.Update(in, rs, true)
 	}
@@ -403,13 +430,23 @@ func (c *Controller) report(problems []policy.Problem) {
 		kind, key, _ := strings.Cut(k, " ")
 		var obj runtime.Object
 		var text string
-		if kind == policy.KindPod {
+		switch kind {
+		case policy.KindPod:
 			c.log.Warn("a pod's NetworkPolicy cannot be programmed", "pod", key, "problem", msg)
 			if o, ok, _ := c.pods.GetStore().GetByKey(key); ok {
 				obj = o.(*corev1.Pod)
 			}
 			text = fmt.Sprintf("tabbyd on node %s cannot program the NetworkPolicy of this pod: %s", c.cfg.Node, msg)
-		} else {
+		case policy.KindClusterNetworkPolicy:
+			name := strings.TrimPrefix(key, "/")
+			c.log.Warn("a ClusterNetworkPolicy is not enforced as written; the others are", "policy", name, "problem", msg)
+			if c.cnps != nil {
+				if o, ok, _ := c.cnps.GetStore().GetByKey(name); ok {
+					obj = o.(*unstructured.Unstructured)
+				}
+			}
+			text = fmt.Sprintf("tabbyd on node %s: %s (the other policies are enforced)", c.cfg.Node, msg)
+		default:
 			c.log.Warn("a NetworkPolicy is not enforced as written; the others are", "policy", key, "problem", msg)
 			if o, ok, _ := c.policies.GetStore().GetByKey(key); ok {
 				obj = o.(*networkingv1.NetworkPolicy)

@@ -54,6 +54,9 @@ type world struct {
 	netns   *netnstest.NS
 	ipam    *ipam.IPAM
 	network string
+	// cnpClient, when set, is the controller's ClusterNetworkPolicy
+	// client instead of NewClusterPolicyClient's.
+	cnpClient *ClusterPolicyClient
 }
 
 func newWorld(t *testing.T) *world {
@@ -213,6 +216,12 @@ func (w *world) start(t *testing.T, compile Compiler) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cpc := w.cnpClient
+	if cpc == nil {
+		if cpc, err = NewClusterPolicyClient(clustertest.Config(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	realRec, stopEvents := NewRecorder(w.ds, w.node)
 	t.Cleanup(stopEvents)
 	r := &running{reg: prometheus.NewRegistry(), rec: &countingRecorder{EventRecorder: realRec, n: map[string]int{}}}
@@ -220,7 +229,7 @@ func (w *world) start(t *testing.T, compile Compiler) *running {
 		if r.applier, err = apply.New(apply.Options{Logger: slog.New(slog.DiscardHandler)}); err != nil {
 			return err
 		}
-		r.c, err = New(Config{Node: w.node, DS: w.ds, Policies: pc, Compile: compile, Applier: r.applier, DenyUnlisted: true,
+		r.c, err = New(Config{Node: w.node, DS: w.ds, Policies: pc, ClusterPolicies: cpc, Compile: compile, Applier: r.applier, DenyUnlisted: true,
 			Recorder: r.rec, Registerer: r.reg, JumpCheck: 200 * time.Millisecond})
 		return err
 	}, func(ctx context.Context) error {

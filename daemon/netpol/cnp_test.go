@@ -1,0 +1,127 @@
+package netpol
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+
+	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
+	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
+	"github.com/tabbynet/tabby/policy"
+)
+
+// cnp creates a ClusterNetworkPolicy from its YAML-ish JSON spec through
+// the real API server (the CRD of deploy/crds validates it) and deletes
+// it when the test ends.
+func (w *world) cnp(t *testing.T, name string, spec map[string]any) {
+	t.Helper()
+	dc, err := dynamic.NewForConfig(clustertest.Config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": cnpv1.GroupName + "/" + cnpv1.Version, "kind": cnpv1.Kind,
+		"metadata": map[string]any{"name": name}, "spec": spec,
+	}}
+	ri := dc.Resource(cnpv1.GroupVersionResource)
+	if _, err := ri.Create(context.Background(), u, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating ClusterNetworkPolicy %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = ri.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+}
+
+func deleteCNP(t *testing.T, name string) {
+	t.Helper()
+	dc, err := dynamic.NewForConfig(clustertest.Config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dc.Resource(cnpv1.GroupVersionResource).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestControllerEnforcesClusterPolicies: ClusterNetworkPolicies created
+// through the real API server reach the kernel of the node as chains of
+// their tier in the pod's chain, a policy the compiler refuses in part
+// becomes a Warning Event on it while its other rules and the other
+// policies are enforced, and a deleted policy's chain goes.
+func TestControllerEnforcesClusterPolicies(t *testing.T) {
+	w := newWorld(t)
+	server := w.pod(t, "server", w.node, map[string]string{"app": "server"})
+	subject := map[string]any{"namespaces": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": w.ns}}}
+	deny, base, odd := w.ns+"-deny", w.ns+"-base", w.ns+"-odd"
+	w.cnp(t, deny, map[string]any{"tier": "Admin", "priority": 10, "subject": subject,
+		"ingress": []any{map[string]any{"action": "Deny", "from": []any{map[string]any{"namespaces": map[string]any{"matchLabels": map[string]any{"team": "b"}}}},
+			"protocols": []any{map[string]any{"tcp": map[string]any{"destinationPort": map[string]any{"number": 80}}}}}}})
+	w.cnp(t, base, map[string]any{"tier": "Baseline", "priority": 1, "subject": subject,
+		"egress": []any{map[string]any{"action": "Deny", "to": []any{map[string]any{"networks": []any{"192.0.2.0/24"}}}}}})
+	// The API accepts an egress peer of domain names; tabby does not
+	// enforce them, says so, and enforces the rest of the policy.
+	w.cnp(t, odd, map[string]any{"tier": "Admin", "priority": 20, "subject": subject,
+		"egress": []any{
+			map[string]any{"action": "Accept", "to": []any{map[string]any{"domainNames": []any{"example.com"}}}},
+			map[string]any{"action": "Deny", "to": []any{map[string]any{"networks": []any{"198.51.100.0/24"}}}}}})
+	r := w.start(t, nil)
+	ip := w.assign(t, server)
+	if _, err := r.c.WaitProgrammed(waitCtx(t, 30*time.Second), w.ns, "server", "", []netip.Addr{ip}); err != nil {
+		t.Fatal(err)
+	}
+	save := r.applier.Backend().IPTablesSave
+	has := func(k string, names ...string) bool {
+		for _, n := range names {
+			if !strings.Contains(k, `--comment "cnp:`+n+`" -j `+policy.PolicyChainPrefix) {
+				return false
+			}
+		}
+		return true
+	}
+	eventually(t, "the chains of the three policies", func() bool { return has(w.kernel(t, save), deny, base, odd) })
+	k := w.kernel(t, save)
+	for _, want := range []string{"-j DROP", "--set-xmark 0x0/0x30000", " 192.0.2.0/24", " 198.51.100.0/24"} {
+		if !strings.Contains(k, want) {
+			t.Errorf("the kernel lacks %q:\n%s", want, k)
+		}
+	}
+	eventually(t, "the Event on the policy with domain names", func() bool { return r.rec.count(ReasonNotEnforced+" /"+odd) == 1 })
+	if n := r.rec.count(ReasonNotEnforced + " /" + deny); n != 0 {
+		t.Errorf("%d Events on a policy without problems", n)
+	}
+
+	deleteCNP(t, deny)
+	eventually(t, "the deleted policy's chain gone", func() bool {
+		k := w.kernel(t, save)
+		return !has(k, deny) && has(k, base, odd)
+	})
+}
+
+// TestControllerWithoutTheCRD: where the API server does not serve
+// ClusterNetworkPolicies, the controller still syncs and enforces
+// NetworkPolicy, and the client says what is missing.
+func TestControllerWithoutTheCRD(t *testing.T) {
+	w := newWorld(t)
+	dc, err := dynamic.NewForConfig(clustertest.Config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cnpClient = &ClusterPolicyClient{ri: dc.Resource(schema.GroupVersionResource{Group: "nothere.tabby.io", Version: "v1", Resource: "nothings"})}
+	server := w.pod(t, "server", w.node, map[string]string{"app": "server"})
+	r := w.start(t, nil)
+	ip := w.assign(t, server)
+	if _, err := r.c.WaitProgrammed(waitCtx(t, 30*time.Second), w.ns, "server", "", []netip.Addr{ip}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.c.Ready(); err != nil {
+		t.Errorf("not ready without the CRD: %v", err)
+	}
+	if !w.cnpClient.Missing() {
+		t.Error("the client did not notice the missing resource")
+	}
+}
