@@ -394,35 +394,22 @@ func (c *compiler) cnpChains(p *ccnp) {
 	if !p.used[dirIngress] && !p.used[dirEgress] {
 		return
 	}
-	c.cur = map[string]*Set{}
-	defer func() { c.cur = nil }()
-	rules := 0
-	for fam := range families {
-		n := 0
-		for _, dir := range allDirections {
-			if p.used[dir] {
-				p.rules[dir][fam] = c.cnpRules(p.rulesOf(dir), dir, fam)
-				n += len(p.rules[dir][fam])
-			}
-		}
-		rules = max(rules, n)
-	}
-	if over, limit := c.overLimits(rules); over != "" {
-		c.rs.Problems = append(c.rs.Problems, Problem{Name: p.name, Kind: KindClusterNetworkPolicy, Limit: limit,
-			Message: over + ": the policy is not enforced as written: in each direction with a Deny or Pass rule it denies what it could have matched, and accepts nothing (fail closed) until it is made smaller or the limit is raised"})
-		for _, dir := range allDirections {
-			closed := [][]string{}
-			for _, r := range p.rulesOf(dir) {
-				if r.action != cnpv1.ActionAccept {
-					closed = [][]string{{"-m", "mark", "--mark", markNone, "-j", "DROP"}}
-				}
-			}
-			p.rules[dir] = [2][][]string{closed, closed}
-		}
+	over, limit := c.limitedRules(p.used, &p.rules, func(dir direction, fam int) [][]string {
+		return c.cnpRules(p.rulesOf(dir), dir, fam)
+	})
+	if over == "" {
 		return
 	}
-	for name, s := range c.cur {
-		c.sets[name] = s
+	c.rs.Problems = append(c.rs.Problems, Problem{Name: p.name, Kind: KindClusterNetworkPolicy, Limit: limit,
+		Message: over + ": the policy is not enforced as written: in each direction with a Deny or Pass rule it denies what it could have matched, and accepts nothing (fail closed) until it is made smaller or the limit is raised"})
+	for _, dir := range allDirections {
+		closed := [][]string{}
+		for _, r := range p.rulesOf(dir) {
+			if r.action != cnpv1.ActionAccept {
+				closed = [][]string{{"-m", "mark", "--mark", markNone, "-j", "DROP"}}
+			}
+		}
+		p.rules[dir] = [2][][]string{closed, closed}
 	}
 }
 

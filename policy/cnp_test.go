@@ -321,3 +321,39 @@ func TestCNPProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestCNPLimitsFailClosed: a ClusterNetworkPolicy over the limits is
+// reported with the flag to raise, and fails closed as the API defines
+// it: a direction with a Deny denies everything not decided before it; an
+// Accept-only direction accepts nothing; other policies are enforced.
+func TestCNPLimitsFailClosed(t *testing.T) {
+	w := newXYZ(1)
+	w.limits = Limits{SetMembers: 2}
+	w.cnps = cnps(
+		// Ingress to x: y's three pods in one set, over 2.
+		cnp("deny-y", admin, 10, subjNs(mlp("ns", "x")), cin(deny, cpeers{pNs(mlp("ns", "y"))})),
+		// Egress of z: accept to x's pods (over), then a Baseline deny
+		// of everything decides instead.
+		cnp("accept-x", admin, 10, subjNs(mlp("ns", "z")), ceg(accept, cpeers{pNs(mlp("ns", "x"))})),
+		cnp("base", baseline, 10, subjNs(mlp("ns", "z")), ceg(deny, cpeers{pNets("0.0.0.0/0", "::/0")})),
+		// Within the limits: enforced.
+		cnp("deny-ya", admin, 20, subjNs(mlp("ns", "y")), cin(deny, cpeers{pPods(ml("ns", "x"), ml("pod", "a"))})),
+	)
+	c := w.compile(t)
+	over := map[string]string{}
+	for _, p := range c.rs["n1"].Problems {
+		over[p.Name] = p.Limit
+	}
+	if len(over) != 2 || over["deny-y"] != FlagMaxSetMembers || over["accept-x"] != FlagMaxSetMembers {
+		t.Fatalf("problems %+v, want deny-y and accept-x over --%s", c.rs["n1"].Problems, FlagMaxSetMembers)
+	}
+	for fam := range 2 {
+		want := w.truthAll(true).
+			set("*", "x/*", false). // deny-y, closed: all ingress of x
+			set("z/*", "*", false). // accept-x accepts nothing, base denies
+			set("x/a", "y/*", false)
+		if d := w.diff(want, c.observe(t, "tcp", 80, fam)); d != "" {
+			t.Errorf("%s: %s", families[fam], d)
+		}
+	}
+}

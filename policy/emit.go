@@ -399,33 +399,46 @@ func (c *compiler) policyChains(p *cpolicy) {
 	if !p.used[dirIngress] && !p.used[dirEgress] {
 		return
 	}
+	over, limit := c.limitedRules(p.used, &p.rules, func(dir direction, fam int) [][]string {
+		return c.policyRules(p.rulesOf(dir), dir, fam)
+	})
+	if over == "" {
+		return
+	}
+	c.rs.Problems = append(c.rs.Problems, Problem{Namespace: p.ns, Name: p.name, Kind: KindNetworkPolicy, Limit: limit,
+		Message: over + ": the policy is not enforced as written: it isolates the pods it selects for " + strings.Join(p.types(), " and ") +
+			" and allows them nothing (fail closed) until it is made smaller or the limit is raised"})
+	for dir := range p.rules {
+		for fam := range p.rules[dir] {
+			p.rules[dir][fam] = [][]string{}
+		}
+	}
+}
+
+// limitedRules fills rules with gen's rules in the directions used and
+// checks them against the limits: within them, the sets they name join
+// the Ruleset and it returns ""; over them, it says what is over and the
+// flag that raises the limit, and the sets are not made.
+func (c *compiler) limitedRules(used [directions]bool, rules *[directions][2][][]string, gen func(direction, int) [][]string) (over, flag string) {
 	c.cur = map[string]*Set{}
 	defer func() { c.cur = nil }()
-	rules := 0
+	most := 0
 	for fam := range families {
 		n := 0
 		for _, dir := range allDirections {
-			if p.used[dir] {
-				p.rules[dir][fam] = c.policyRules(p.rulesOf(dir), dir, fam)
-				n += len(p.rules[dir][fam])
+			if used[dir] {
+				rules[dir][fam] = gen(dir, fam)
+				n += len(rules[dir][fam])
 			}
 		}
-		rules = max(rules, n)
+		most = max(most, n)
 	}
-	if over, limit := c.overLimits(rules); over != "" {
-		c.rs.Problems = append(c.rs.Problems, Problem{Namespace: p.ns, Name: p.name, Kind: KindNetworkPolicy, Limit: limit,
-			Message: over + ": the policy is not enforced as written: it isolates the pods it selects for " + strings.Join(p.types(), " and ") +
-				" and allows them nothing (fail closed) until it is made smaller or the limit is raised"})
-		for dir := range p.rules {
-			for fam := range p.rules[dir] {
-				p.rules[dir][fam] = [][]string{}
-			}
+	if over, flag = c.overLimits(most); over == "" {
+		for name, s := range c.cur {
+			c.sets[name] = s
 		}
-		return
 	}
-	for name, s := range c.cur {
-		c.sets[name] = s
-	}
+	return over, flag
 }
 
 // overLimits says which limit the sets in c.cur and a policy's rules (the
