@@ -3,6 +3,7 @@ package netpol
 import (
 	"context"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
 
 	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
@@ -123,5 +125,46 @@ func TestControllerWithoutTheCRD(t *testing.T) {
 	}
 	if !w.cnpClient.Missing() {
 		t.Error("the client did not notice the missing resource")
+	}
+}
+
+// TestREADMEClusterPolicies: the README's ClusterNetworkPolicy examples
+// are accepted by the API server with the CRD tabby installs, and
+// compile without problems.
+func TestREADMEClusterPolicies(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(readme), "## ClusterNetworkPolicy (tabbyd)")
+	_, block, ok2 := strings.Cut(sec, "```yaml\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatal("no yaml block in the README's ClusterNetworkPolicy section")
+	}
+	dc, err := dynamic.NewForConfig(clustertest.Config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri := dc.Resource(cnpv1.GroupVersionResource)
+	var objs []*unstructured.Unstructured
+	for _, doc := range strings.Split(block, "\n---\n") {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			t.Fatalf("%v:\n%s", err, doc)
+		}
+		created, err := ri.Create(context.Background(), u, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("the API server refuses the README's %s: %v", u.GetName(), err)
+		}
+		t.Cleanup(func() { _ = ri.Delete(context.Background(), created.GetName(), metav1.DeleteOptions{}) })
+		objs = append(objs, created)
+	}
+	ps, bad := DecodeClusterPolicies(objs)
+	if len(ps) != 2 || len(bad) > 0 {
+		t.Fatalf("decoded %d, problems %+v", len(ps), bad)
+	}
+	if rs := policy.Compile(&policy.Input{ClusterPolicies: ps}); len(rs.Problems) > 0 {
+		t.Errorf("problems: %+v", rs.Problems)
 	}
 }
