@@ -87,6 +87,33 @@ func scaleInputReplicas(pods, policies, nodes, replicas int) *Input {
 	return in
 }
 
+// addScaleCNPs adds n ClusterNetworkPolicies of four kinds, half Admin,
+// half Baseline, over the teams of scaleInput's namespaces: deny ingress
+// from another team, pass a tier's pods to NetworkPolicy, deny egress to
+// the internet after accepting the cluster's networks on some ports, and
+// accept DNS to ns0 by named port.
+func addScaleCNPs(in *Input, n int) {
+	for i := 0; i < n; i++ {
+		tier, team := admin, mlp("team", fmt.Sprintf("t%d", i%5))
+		if i%2 == 1 {
+			tier = baseline
+		}
+		var opts []cnpOpt
+		switch i % 4 {
+		case 0:
+			opts = append(opts, cin(deny, cpeers{pNs(mlp("team", fmt.Sprintf("t%d", (i+1)%5)))}))
+		case 1:
+			opts = append(opts, cin(pass, cpeers{pPods(*mlp("env", "prod"), ml("tier", "web"))}, cTCPRange(8080, 8081)))
+		case 2:
+			opts = append(opts, ceg(accept, cpeers{pNets("10.0.0.0/8", "fd00::/16")}, cTCP(443), cTCPRange(8000, 8999)),
+				ceg(deny, cpeers{pNets("0.0.0.0/0", "::/0")}))
+		case 3:
+			opts = append(opts, ceg(accept, cpeers{pNs(mlp("kubernetes.io/metadata.name", "ns0"))}, cNamed("http")))
+		}
+		in.ClusterPolicies = append(in.ClusterPolicies, cnp(fmt.Sprintf("cnp%d", i), tier, int32(i%50*20), subjNs(team), opts...))
+	}
+}
+
 func rulesetSize(rs *Ruleset) (rules, sets, members int) {
 	for _, c := range rs.Chains {
 		rules += len(c.Rules)
@@ -103,11 +130,13 @@ func rulesetSize(rs *Ruleset) (rules, sets, members int) {
 // allocations.
 func BenchmarkCompile(b *testing.B) {
 	for _, c := range []struct {
-		name  string
-		nodes int
-	}{{"5000pods-1000policies-100local", 50}, {"5000pods-1000policies-5000local", 1}} {
+		name        string
+		nodes, cnps int
+	}{{"5000pods-1000policies-100local", 50, 0}, {"5000pods-1000policies-5000local", 1, 0},
+		{"5000pods-1000policies-100cnps-100local", 50, 100}, {"5000pods-1000policies-100cnps-5000local", 1, 100}} {
 		b.Run(c.name, func(b *testing.B) {
 			in := scaleInput(5000, 1000, c.nodes)
+			addScaleCNPs(in, c.cnps)
 			b.ReportAllocs()
 			b.ResetTimer()
 			var rs *Ruleset
