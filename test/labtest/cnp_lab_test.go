@@ -85,7 +85,7 @@ func cnpYAML(name, tier string, priority int, to, action, from string) string {
 		if ns == "" {
 			return "{}"
 		}
-		return fmt.Sprintf("{matchLabels: {kubernetes.io/metadata.name: %s}}", ns)
+		return fmt.Sprintf("{matchLabels: {kubernetes.io/metadata.name: %q}}", ns) // quoted: YAML reads a bare y as true
 	}
 	return fmt.Sprintf(`apiVersion: policy.networking.k8s.io/v1beta1
 kind: ClusterNetworkPolicy
