@@ -73,6 +73,22 @@ func (p *ccnp) rulesOf(dir direction) []*cnpRule {
 	return p.in
 }
 
+// Comments of the jumps to ClusterNetworkPolicy chains: the tier and the
+// name ("cnp-admin:NAME"), never a NetworkPolicy's "namespace/name" (a
+// namespace has no ":"). Trace reads the tier off them.
+const (
+	CommentAdminPrefix    = "cnp-admin:"
+	CommentBaselinePrefix = "cnp-baseline:"
+)
+
+// comment is the comment of the jumps to the policy's chains.
+func (p *ccnp) comment() string {
+	if p.admin {
+		return comment(CommentAdminPrefix + p.name)
+	}
+	return comment(CommentBaselinePrefix + p.name)
+}
+
 func (p *ccnp) chain(dir direction) string {
 	if dir == dirIngress {
 		return chainName(kindCNPIngress, p.key)

@@ -245,7 +245,7 @@ func TestTieredChains(t *testing.T) {
 	}
 	want := [][]string{
 		{"-j", "MARK", "--set-xmark", "0x0/0x30000"},
-		{"-m", "comment", "--comment", "cnp:adm", "-j", chainName(kindCNPIngress, "cnp:adm")},
+		{"-m", "comment", "--comment", "cnp-admin:adm", "-j", chainName(kindCNPIngress, "cnp:adm")},
 		{"-m", "mark", "--mark", "0x10000/0x10000", "-j", "RETURN"},
 		{"-j", "MARK", "--set-xmark", "0x0/0x30000"},
 		{"-m", "comment", "--comment", "x/np", "-j", chainName(kindPolicyIngress, "x/np")},

@@ -29,7 +29,7 @@ func (w *world) tiered(t testing.TB, egress bool, from, to *tpod, proto string, 
 	if subject.ext {
 		return true
 	}
-	switch w.tierAction(t, true, egress, subject, peer, to, proto, port, fam) {
+	switch a, _ := w.tierAction(t, true, egress, subject, peer, to, proto, port, fam); a {
 	case cnpv1.ActionAccept:
 		return true
 	case cnpv1.ActionDeny:
@@ -38,12 +38,14 @@ func (w *world) tiered(t testing.TB, egress bool, from, to *tpod, proto string, 
 	if npIsolated {
 		return npOK
 	}
-	return w.tierAction(t, false, egress, subject, peer, to, proto, port, fam) != cnpv1.ActionDeny
+	a, _ := w.tierAction(t, false, egress, subject, peer, to, proto, port, fam)
+	return a != cnpv1.ActionDeny
 }
 
 // tierAction is the action of the first rule of the tier's policies (by
-// priority, then name) selecting subject that matches, "" for none.
-func (w *world) tierAction(t testing.TB, admin, egress bool, subject, peer, target *tpod, proto string, port, fam int) cnpv1.ClusterNetworkPolicyRuleAction {
+// priority, then name) selecting subject that matches, and the policy's
+// name; "" for none.
+func (w *world) tierAction(t testing.TB, admin, egress bool, subject, peer, target *tpod, proto string, port, fam int) (cnpv1.ClusterNetworkPolicyRuleAction, string) {
 	var pols []*cnpv1.ClusterNetworkPolicy
 	for _, p := range w.cnps {
 		if (p.Spec.Tier == cnpv1.AdminTier) == admin && w.cnpSelects(t, p, subject) {
@@ -57,7 +59,7 @@ func (w *world) tierAction(t testing.TB, admin, egress bool, subject, peer, targ
 		if egress {
 			for _, r := range p.Spec.Egress {
 				if w.cnpPeersMatch(t, r.To, peer, fam) && cnpProtocolsMatch(r.Protocols, target, proto, port) {
-					return r.Action
+					return r.Action, p.Name
 				}
 			}
 			continue
@@ -68,11 +70,11 @@ func (w *world) tierAction(t testing.TB, admin, egress bool, subject, peer, targ
 				peers[i] = cnpv1.ClusterNetworkPolicyEgressPeer{Namespaces: f.Namespaces, Pods: f.Pods}
 			}
 			if w.cnpPeersMatch(t, peers, peer, fam) && cnpProtocolsMatch(r.Protocols, target, proto, port) {
-				return r.Action
+				return r.Action, p.Name
 			}
 		}
 	}
-	return ""
+	return "", ""
 }
 
 func (w *world) cnpSelects(t testing.TB, p *cnpv1.ClusterNetworkPolicy, pod *tpod) bool {

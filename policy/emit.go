@@ -92,6 +92,11 @@ func (c *compiler) emit() *Ruleset {
 func (c *compiler) signatures() []*signature {
 	sigs := map[string]*signature{}
 	sigOf := func(dir direction, cnps []*ccnp, pols []*cpolicy) *signature {
+		if len(pols) > 0 {
+			// Baseline never runs for a pod a NetworkPolicy selects:
+			// pods differing only in Baseline policies share a chain.
+			cnps = slices.DeleteFunc(slices.Clone(cnps), func(p *ccnp) bool { return !p.admin })
+		}
 		keys := make([]string, 0, len(cnps)+len(pols))
 		for _, p := range cnps {
 			keys = append(keys, p.key)
@@ -273,7 +278,7 @@ func (s *signature) rules(log []string) [][]string {
 	admin := 0
 	for _, p := range s.cnps {
 		if p.admin {
-			jump(p.key, p.chain(s.dir))
+			jump(p.comment(), p.chain(s.dir))
 			admin++
 		}
 	}
@@ -284,7 +289,7 @@ func (s *signature) rules(log []string) [][]string {
 	}
 	if len(s.pols) == 0 {
 		for _, p := range s.cnps[admin:] {
-			jump(p.key, p.chain(s.dir))
+			jump(p.comment(), p.chain(s.dir))
 		}
 		return rules
 	}

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -72,14 +73,24 @@ type Decision struct {
 	Direction string `json:"direction"`
 	// Verdict is "allow" or "deny".
 	Verdict string `json:"verdict"`
-	// Policies are the policies ("namespace/name") that select the pod in
-	// this direction, in the order the rules ask them; none: the pod is
-	// not isolated in this direction.
+	// Policies are the policies that select the pod in this direction,
+	// in the order the rules ask them: NetworkPolicies as
+	// "namespace/name", ClusterNetworkPolicies as "cnp-admin:name" and
+	// "cnp-baseline:name"; none: the pod is not isolated in this
+	// direction.
 	Policies []string `json:"policies,omitempty"`
-	// AllowedBy is the policy whose rule allowed the packet, and Rule
-	// that rule as programmed.
+	// Tier is the tier that decided: "Admin", "NetworkPolicy" or
+	// "Baseline"; "" when none did (allowed by default).
+	Tier string `json:"tier,omitempty"`
+	// AllowedBy is the policy whose rule allowed the packet (DeniedBy:
+	// the ClusterNetworkPolicy whose rule denied it; a NetworkPolicy tier
+	// denies by no rule allowing), and Rule that rule as programmed.
 	AllowedBy string   `json:"allowedBy,omitempty"`
+	DeniedBy  string   `json:"deniedBy,omitempty"`
 	Rule      []string `json:"rule,omitempty"`
+	// PassedBy is the Admin policy whose Pass rule sent the packet on to
+	// the next tier.
+	PassedBy string `json:"passedBy,omitempty"`
 	// Reason says in words why.
 	Reason string `json:"reason"`
 }
@@ -104,25 +115,89 @@ func Explain(rs *Ruleset, steps []TraceStep) []Decision {
 		case s.Chain == ChainFromPod || s.Chain == ChainToPod:
 			dispatch(cur, s.Args, target)
 			cur.Policies = policiesOf(rs, target)
-		case target == "MARK" && policy != "" && cur.AllowedBy == "":
-			cur.AllowedBy, cur.Rule = policy, s.Args
-			cur.Verdict = "allow"
-			cur.Reason = "allowed by " + policy
+		case target == "MARK" && policy != "" && cur.Verdict == "":
+			markExplained(cur, policy, s.Args)
 		case ruleComment(s.Args) != "" && strings.HasPrefix(target, PolicyChainPrefix):
 			policy = ruleComment(s.Args)
-		case target == "DROP":
-			cur.Verdict = "deny"
-			cur.Reason = "selected by " + strings.Join(cur.Policies, ", ") + ": no rule of these allows it"
+		case target == "DROP" && cur.Verdict == "" && isCNPChain(s.Chain):
+			cur.Verdict, cur.Tier, cur.DeniedBy, cur.Rule = "deny", tierOf(policy), policy, s.Args
+			cur.Reason = "denied by " + policy
+		case target == "DROP" && cur.Verdict == "":
+			cur.Verdict, cur.Tier = "deny", "NetworkPolicy"
+			cur.Reason = "selected by " + strings.Join(npOnly(cur.Policies), ", ") + ": no rule of these allows it"
 		}
 	}
 	for i := range out {
-		if out[i].Verdict == "" {
+		switch d := &out[i]; {
+		case d.Verdict != "":
+		case len(d.Policies) > 0:
+			// Only ClusterNetworkPolicies select the pod, and none
+			// decided (or one passed on to a tier with nothing).
+			d.Verdict, d.Reason = "allow", "no ClusterNetworkPolicy rule decided and no NetworkPolicy selects the pod: all traffic is allowed"
+		default:
 			// The dispatch chain had no rule for the pod: no set of
 			// policies selects it (and unknown pods are not dropped).
-			out[i].Verdict, out[i].Reason = "allow", unselected(out[i].Direction)
+			d.Verdict, d.Reason = "allow", unselected(d.Direction)
+		}
+		if d := &out[i]; d.PassedBy != "" {
+			d.Reason += " (after " + d.PassedBy + " passed it on)"
 		}
 	}
 	return out
+}
+
+// markExplained reads a MARK rule of policy's chain that a packet matched:
+// MarkAllowed set is an allow (a NetworkPolicy rule, a
+// ClusterNetworkPolicy's Accept), MarkPass a Pass; clearing decides
+// nothing.
+func markExplained(d *Decision, policy string, args []string) {
+	v, _, _ := strings.Cut(flagValue(args, "--set-xmark"), "/")
+	val, err := strconv.ParseUint(v, 0, 32)
+	switch {
+	case err != nil:
+	case val&MarkAllowed != 0:
+		d.AllowedBy, d.Rule, d.Verdict, d.Tier = policy, args, "allow", tierOf(policy)
+		d.Reason = "allowed by " + policy
+	case val&MarkPass != 0:
+		d.PassedBy = policy
+	}
+}
+
+// tierOf is the tier of a policy as the jumps' comments name it.
+func tierOf(policy string) string {
+	switch {
+	case strings.HasPrefix(policy, CommentAdminPrefix):
+		return "Admin"
+	case strings.HasPrefix(policy, CommentBaselinePrefix):
+		return "Baseline"
+	}
+	return "NetworkPolicy"
+}
+
+// isCNPChain says whether a chain is a ClusterNetworkPolicy's.
+func isCNPChain(chain string) bool {
+	return strings.HasPrefix(chain, PolicyChainPrefix+kindCNPEgress) || strings.HasPrefix(chain, PolicyChainPrefix+kindCNPIngress)
+}
+
+// npOnly are the NetworkPolicies of a list of policies.
+func npOnly(policies []string) []string {
+	var out []string
+	for _, p := range policies {
+		if tierOf(p) == "NetworkPolicy" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// flagValue is the argument after flag in a rule, "" without one.
+func flagValue(args []string, flag string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == flag {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 func unselected(direction string) string {

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	networkingv1 "k8s.io/api/networking/v1"
+
+	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 )
 
 // TestTraceRandomWorlds traces every connection of random worlds hop by
@@ -81,21 +83,38 @@ func traceOne(t *testing.T, w *world, c *cluster, from, to *tpod, proto string, 
 				selecting = append(selecting, np.Namespace+"/"+np.Name)
 			}
 		}
+		npSelecting := slices.Clone(selecting)
+		for _, p := range w.cnps {
+			rules := len(p.Spec.Ingress)
+			if dir.typ == networkingv1.PolicyTypeEgress {
+				rules = len(p.Spec.Egress)
+			}
+			asked := p.Spec.Tier == cnpv1.AdminTier || len(npSelecting) == 0 // Baseline only without NetworkPolicies
+			if rules > 0 && asked && w.cnpSelects(t, p, dir.pod) {
+				selecting = append(selecting, cnpComment(p))
+			}
+		}
 		got := slices.Clone(d.Policies)
 		slices.Sort(got)
 		slices.Sort(selecting)
 		if !slices.Equal(got, selecting) {
 			t.Fatalf("%s %s: trace lists policies %v, the reference %v", what, dir.name, got, selecting)
 		}
-		if d.Verdict == "allow" && len(selecting) > 0 && !w.policyAllows(t, d.AllowedBy, dir.typ, from, to, proto, port) {
-			t.Fatalf("%s %s: allowed by %q, whose rules do not allow it", what, dir.name, d.AllowedBy)
+		tier, by := w.refDecider(t, dir.typ == networkingv1.PolicyTypeEgress, from, to, proto, port, len(npSelecting) > 0)
+		if d.Tier != tier {
+			t.Fatalf("%s %s: decided by tier %q (%+v), the reference %q\npolicies: %s", what, dir.name, d.Tier, d, tier, describe(w))
 		}
-		if d.Verdict == "deny" {
-			for _, p := range selecting {
+		switch {
+		case tier == "NetworkPolicy" && d.Verdict == "allow" && !w.policyAllows(t, d.AllowedBy, dir.typ, from, to, proto, port):
+			t.Fatalf("%s %s: allowed by %q, whose rules do not allow it", what, dir.name, d.AllowedBy)
+		case tier == "NetworkPolicy" && d.Verdict == "deny":
+			for _, p := range npSelecting {
 				if w.policyAllows(t, p, dir.typ, from, to, proto, port) {
 					t.Fatalf("%s %s: denied, but %s allows it", what, dir.name, p)
 				}
 			}
+		case tier != "NetworkPolicy" && d.AllowedBy+d.DeniedBy != by:
+			t.Fatalf("%s %s: decided by %q%q, the reference %q", what, dir.name, d.AllowedBy, d.DeniedBy, by)
 		}
 	}
 	if dirsAllow := (ct.Egress == nil || ct.Egress.Verdict == "allow") && (ct.Ingress == nil || ct.Ingress.Verdict == "allow"); dirsAllow != ct.Allowed {
@@ -125,4 +144,40 @@ func (w *world) policyAllows(t *testing.T, key string, typ networkingv1.PolicyTy
 		}
 	}
 	return false
+}
+
+// cnpComment is how the rules (and so a trace) name a ClusterNetworkPolicy.
+func cnpComment(p *cnpv1.ClusterNetworkPolicy) string {
+	if p.Spec.Tier == cnpv1.AdminTier {
+		return CommentAdminPrefix + p.Name
+	}
+	return CommentBaselinePrefix + p.Name
+}
+
+// refDecider is, by the reference semantics, the tier that decides one
+// direction of a connection ("" when none does) and, for a
+// ClusterNetworkPolicy's decision, the policy (as cnpComment names it).
+func (w *world) refDecider(t *testing.T, egress bool, from, to *tpod, proto string, port int, npIsolated bool) (tier, by string) {
+	subject, peer := to, from
+	if egress {
+		subject, peer = from, to
+	}
+	named := func(name string) string {
+		for _, p := range w.cnps {
+			if p.Name == name {
+				return cnpComment(p)
+			}
+		}
+		return ""
+	}
+	if a, name := w.tierAction(t, true, egress, subject, peer, to, proto, port, 0); a == cnpv1.ActionAccept || a == cnpv1.ActionDeny {
+		return "Admin", named(name)
+	}
+	if npIsolated {
+		return "NetworkPolicy", ""
+	}
+	if a, name := w.tierAction(t, false, egress, subject, peer, to, proto, port, 0); a == cnpv1.ActionAccept || a == cnpv1.ActionDeny {
+		return "Baseline", named(name)
+	}
+	return "", ""
 }

@@ -276,7 +276,7 @@ type Endpoint struct {
 //	                  "-o tabby+ -j RETURN", "-j DROP")
 //	TABBY-NP-E-<h>   one chain per distinct set of egress policies selecting a pod (pods share it):
 //	                 -j MARK --set-xmark 0x0/0x30000
-//	                 -m comment --comment cnp:<name> -j TABBY-NP-CE-<h>   per Admin ClusterNetworkPolicy,
+//	                 -m comment --comment cnp-admin:<name> -j TABBY-NP-CE-<h>   per Admin ClusterNetworkPolicy,
 //	                 ...                                                  by priority then name
 //	                 -m mark --mark 0x10000/0x10000 -j RETURN            (Admin accepted)
 //	                 -j MARK --set-xmark 0x0/0x30000                     (Admin passed or did not match)

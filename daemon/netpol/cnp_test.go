@@ -79,7 +79,8 @@ func TestControllerEnforcesClusterPolicies(t *testing.T) {
 	save := r.applier.Backend().IPTablesSave
 	has := func(k string, names ...string) bool {
 		for _, n := range names {
-			if !strings.Contains(k, `--comment "cnp:`+n+`" -j `+policy.PolicyChainPrefix) {
+			if !strings.Contains(k, `--comment "cnp-admin:`+n+`" -j `+policy.PolicyChainPrefix) &&
+				!strings.Contains(k, `--comment "cnp-baseline:`+n+`" -j `+policy.PolicyChainPrefix) {
 				return false
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
 
+	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/policy"
@@ -25,6 +26,9 @@ type World struct {
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
 	Blocks     []*tabbyv1.IPAMBlock
+	// ClusterPolicies and the Nodes their peers may select.
+	ClusterPolicies []*cnpv1.ClusterNetworkPolicy
+	Nodes           []*corev1.Node
 	// DenyUnlisted is tabbyd's --policy-deny-unlisted (default true).
 	DenyUnlisted bool
 
@@ -32,7 +36,8 @@ type World struct {
 	rules     map[string]*policy.Ruleset
 }
 
-// LoadWorld lists the pods, namespaces, NetworkPolicies and IPAM blocks
+// LoadWorld lists the pods, namespaces, NetworkPolicies,
+// ClusterNetworkPolicies (none without their CRD), nodes and IPAM blocks
 // through the API server, with tabbyd's default flags.
 func LoadWorld(ctx context.Context, rc *rest.Config) (*World, error) {
 	ds, err := datastore.New(rc)
@@ -60,11 +65,35 @@ func LoadWorld(ctx context.Context, rc *rest.Config) (*World, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing IPAM blocks (is tabby installed?): %w", err)
 	}
+	if err := w.loadClusterPolicies(ctx, rc, ds); err != nil {
+		return nil, err
+	}
 	w.Pods = pointers(pods.Items)
 	w.Namespaces = pointers(nss.Items)
 	w.Policies = pointers(nps.Items)
 	w.Blocks = pointers(blocks.Items)
 	return w, nil
+}
+
+// loadClusterPolicies lists the ClusterNetworkPolicies as tabbyd reads
+// them (one that does not decode is left out, as tabbyd leaves it) and the
+// nodes.
+func (w *World) loadClusterPolicies(ctx context.Context, rc *rest.Config, ds *datastore.Client) error {
+	cpc, err := NewClusterPolicyClient(rc)
+	if err != nil {
+		return err
+	}
+	cnps, err := cpc.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing ClusterNetworkPolicies: %w", err)
+	}
+	w.ClusterPolicies, _ = DecodeClusterPolicies(pointers(cnps.Items))
+	nodes, err := ds.Nodes.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	w.Nodes = pointers(nodes.Items)
+	return nil
 }
 
 func pointers[T any](xs []T) []*T {
@@ -82,6 +111,7 @@ func (w *World) RulesFor(node string) *policy.Ruleset {
 	}
 	in := BuildInput(node, w.Pods, w.Namespaces, w.Policies, w.Blocks)
 	in.DenyUnlisted = w.DenyUnlisted
+	in.ClusterPolicies, in.Nodes = w.ClusterPolicies, w.Nodes
 	rs := policy.Compile(in)
 	if w.rules == nil {
 		w.rules = map[string]*policy.Ruleset{}
