@@ -411,7 +411,7 @@ func (c *compiler) cnpChains(p *ccnp) {
 		return
 	}
 	over, limit := c.limitedRules(p.used, &p.rules, func(dir direction, fam int) [][]string {
-		return c.cnpRules(p.rulesOf(dir), dir, fam)
+		return c.cnpRules(p.rulesOf(dir), dir, fam, c.logRule(p.logPrefix(dir)))
 	})
 	if over == "" {
 		return
@@ -420,10 +420,8 @@ func (c *compiler) cnpChains(p *ccnp) {
 		Message: over + ": the policy is not enforced as written: in each direction with a Deny or Pass rule it denies what it could have matched, and accepts nothing (fail closed) until it is made smaller or the limit is raised"})
 	for _, dir := range allDirections {
 		closed := [][]string{}
-		for _, r := range p.rulesOf(dir) {
-			if r.action != cnpv1.ActionAccept {
-				closed = [][]string{{"-m", "mark", "--mark", markNone, "-j", "DROP"}}
-			}
+		if p.denies(dir) {
+			closed = dropRules(closed, []string{"-m", "mark", "--mark", markNone}, c.logRule(p.logPrefix(dir)))
 		}
 		p.rules[dir] = [2][][]string{closed, closed}
 	}
@@ -431,21 +429,61 @@ func (c *compiler) cnpChains(p *ccnp) {
 
 // cnpRules are the rules of one CNP chain: each rule's matches, only while
 // no earlier rule (of this policy or an earlier one of the tier) decided,
-// with its action.
-func (c *compiler) cnpRules(rules []*cnpRule, dir direction, fam int) [][]string {
+// with its action; a Deny logged first with log, when not nil.
+func (c *compiler) cnpRules(rules []*cnpRule, dir direction, fam int, log []string) [][]string {
 	out := [][]string{}
 	guard := []string{"-m", "mark", "--mark", markNone}
 	for _, r := range rules {
-		target := []string{"-j", "DROP"}
-		switch r.action {
-		case cnpv1.ActionAccept:
-			target = []string{"-j", "MARK", "--set-xmark", markAcceptSet}
-		case cnpv1.ActionPass:
-			target = []string{"-j", "MARK", "--set-xmark", markPassSet}
-		}
 		for _, m := range c.ruleMatches(r.r, dir, fam) {
-			out = append(out, cat(guard, m, target))
+			switch r.action {
+			case cnpv1.ActionAccept:
+				out = append(out, cat(guard, m, []string{"-j", "MARK", "--set-xmark", markAcceptSet}))
+			case cnpv1.ActionPass:
+				out = append(out, cat(guard, m, []string{"-j", "MARK", "--set-xmark", markPassSet}))
+			default:
+				out = dropRules(out, cat(guard, m), log)
+			}
 		}
 	}
 	return out
+}
+
+// dropRules appends "match -j DROP" to out, after "match log" when log is
+// not nil.
+func dropRules(out [][]string, match, log []string) [][]string {
+	if log != nil {
+		out = append(out, cat(match, log))
+	}
+	return append(out, cat(match, []string{"-j", "DROP"}))
+}
+
+// denies says whether the policy's chain in dir may drop: it has a Deny
+// (or a Pass, which fails closed as a Deny over the limits).
+func (p *ccnp) denies(dir direction) bool {
+	for _, r := range p.rulesOf(dir) {
+		if r.action != cnpv1.ActionAccept {
+			return true
+		}
+	}
+	return false
+}
+
+// drops says whether the policy's chain in dir (as computed) drops in
+// either family: a Deny whose peers match nothing there makes no rule.
+func (p *ccnp) drops(dir direction) bool {
+	for _, rules := range p.rules[dir] {
+		for _, r := range rules {
+			if r[len(r)-1] == "DROP" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// logPrefix is the NFLOG prefix of the policy's chain in dir: like a
+// per-pod chain's, DeniedLogPrefix and the chain's name without
+// PolicyChainPrefix.
+func (p *ccnp) logPrefix(dir direction) string {
+	return DeniedLogPrefix + strings.TrimPrefix(p.chain(dir), PolicyChainPrefix)
 }

@@ -357,3 +357,33 @@ func TestCNPLimitsFailClosed(t *testing.T) {
 		}
 	}
 }
+
+// TestCNPDeniedLog: with the denied-packet log on, a ClusterNetworkPolicy's
+// Deny logs before it drops, under a Denial naming the policy and its
+// tier; a Baseline policy with only Accept rules logs nothing.
+func TestCNPDeniedLog(t *testing.T) {
+	w := newXYZ(1)
+	w.deniedLog = &DeniedLog{}
+	w.cnps = cnps(cnp("deny-y", admin, 10, subjNs(mlp("ns", "x")), cin(deny, cpeers{pNs(mlp("ns", "y"))})),
+		cnp("accept", baseline, 10, subjNs(mlp("ns", "z")), cin(accept, cpeers{pNs(mlp("ns", "y"))})))
+	rs := Compile(w.input("n1"))
+	if err := denialsLogged(rs); err != nil {
+		t.Fatal(err)
+	}
+	var cnpDenials []Denial
+	for _, d := range rs.Denials {
+		if strings.HasPrefix(d.Prefix, DeniedLogPrefix+"C") {
+			cnpDenials = append(cnpDenials, d)
+		}
+	}
+	if len(cnpDenials) != 1 || cnpDenials[0].Chain != chainName(kindCNPIngress, "cnp:deny-y") || cnpDenials[0].Direction != "ingress" ||
+		cnpDenials[0].Reason() != "denied by cnp-admin:deny-y (a Deny rule of this ClusterNetworkPolicy, or one it fails closed on)" {
+		t.Errorf("Denials of ClusterNetworkPolicies: %+v", cnpDenials)
+	}
+	c := w.compile(t)
+	for fam := range 2 {
+		if d := w.diff(w.truthAll(true).set("y/*", "x/*", false), c.observe(t, "tcp", 80, fam)); d != "" {
+			t.Errorf("%s with the log on: %s", families[fam], d)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -66,6 +67,9 @@ type Denial struct {
 
 // Reason says why the packet was dropped, for people.
 func (d Denial) Reason() string {
+	if len(d.Policies) == 1 && tierOf(d.Policies[0]) != "NetworkPolicy" {
+		return "denied by " + d.Policies[0] + " (a Deny rule of this ClusterNetworkPolicy, or one it fails closed on)"
+	}
 	if len(d.Policies) == 1 {
 		return "default deny of policy " + d.Policies[0] + " (no rule of it allows this " + d.Direction + ")"
 	}
@@ -95,13 +99,24 @@ func (c *compiler) denials(sigs []*signature) []Denial {
 	}
 	out := make([]Denial, 0, len(sigs))
 	for _, s := range sigs {
+		if len(s.pols) == 0 {
+			continue // only ClusterNetworkPolicies: no default deny
+		}
 		pols := make([]string, len(s.pols))
 		for i, p := range s.pols {
 			pols[i] = p.key
 		}
 		out = append(out, Denial{Prefix: s.logPrefix(), Chain: s.name, Direction: s.dir.String(), Policies: pols})
 	}
-	return out // sigs are sorted by chain name, and so by prefix
+	for _, p := range c.cnps {
+		for _, dir := range allDirections {
+			if p.used[dir] && p.drops(dir) {
+				out = append(out, Denial{Prefix: p.logPrefix(dir), Chain: p.chain(dir), Direction: dir.String(), Policies: []string{p.comment()}})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Denial) int { return strings.Compare(a.Prefix, b.Prefix) })
+	return out
 }
 
 // logPrefix is the signature's NFLOG prefix: DeniedLogPrefix and the
@@ -110,9 +125,9 @@ func (s *signature) logPrefix() string {
 	return DeniedLogPrefix + strings.TrimPrefix(s.name, PolicyChainPrefix)
 }
 
-// logRule is the rule logging what the signature's chain drops, nil when
-// the log is off.
-func (c *compiler) logRule(s *signature) []string {
+// logRule is the rule logging what a chain drops with the NFLOG prefix,
+// nil when the log is off.
+func (c *compiler) logRule(prefix string) []string {
 	if c.in.DeniedLog == nil {
 		return nil
 	}
@@ -124,7 +139,7 @@ func (c *compiler) logRule(s *signature) []string {
 		"--hashlimit-mode", "srcip", "--hashlimit-name", limitName("s", src, burst), "--hashlimit-htable-max", "65536",
 		"-m", "hashlimit", "--hashlimit-upto", all, "--hashlimit-burst", burst,
 		"--hashlimit-name", limitName("n", all, burst),
-		"-j", "NFLOG", "--nflog-group", strconv.Itoa(int(l.Group)), "--nflog-prefix", s.logPrefix(),
+		"-j", "NFLOG", "--nflog-group", strconv.Itoa(int(l.Group)), "--nflog-prefix", prefix,
 		"--nflog-size", strconv.Itoa(deniedLogSnap),
 	}
 }

@@ -167,7 +167,7 @@ func (c *compiler) emitFamily(fam int, family string, sigs []*signature) {
 	add(ChainFromPod, from)
 	add(ChainToPod, to)
 	for _, s := range sigs {
-		add(s.name, s.rules(c.logRule(s)))
+		add(s.name, s.rules(c.logRule(s.logPrefix())))
 	}
 	for _, p := range c.policies {
 		for _, dir := range allDirections {
