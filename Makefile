@@ -141,13 +141,14 @@ vet: check-generated
 
 # UPSTREAM_CRDS are CRDs copied as they are from another project's module,
 # not generated from api/: ClusterNetworkPolicy (sigs.k8s.io/network-policy-api
-# v0.3.0, config/crd/experimental).
+# v0.3.0, config/crd/experimental). Its Go types in api/cnp only mirror the
+# module's for decoding, so CRDs are generated from api/v1 alone.
 UPSTREAM_CRDS = policy.networking.k8s.io_*
 
 ## check-generated: fail when deploy/crds or the deepcopy code is stale
 check-generated: .cache/controller-gen
 	@rm -rf .cache/gen && mkdir -p .cache/gen/crds
-	@.cache/controller-gen crd:crdVersions=v1,maxDescLen=400 paths=./api/... output:crd:dir=.cache/gen/crds
+	@.cache/controller-gen crd:crdVersions=v1,maxDescLen=400 paths=./api/v1/... output:crd:dir=.cache/gen/crds
 	@diff -r -x '$(UPSTREAM_CRDS)' deploy/crds .cache/gen/crds >/dev/null || { diff -r -x '$(UPSTREAM_CRDS)' deploy/crds .cache/gen/crds | head -40; echo "deploy/crds is stale: run make generate"; exit 1; }
 	@cp api/v1/zz_generated.deepcopy.go .cache/gen/deepcopy.go && .cache/controller-gen object paths=./api/... && \
 	  { cmp -s api/v1/zz_generated.deepcopy.go .cache/gen/deepcopy.go || { cp .cache/gen/deepcopy.go api/v1/zz_generated.deepcopy.go; echo "api/v1/zz_generated.deepcopy.go is stale: run make generate"; exit 1; }; }
@@ -155,7 +156,7 @@ check-generated: .cache/controller-gen
 ## generate: regenerate deepcopy code and CRD manifests from api/
 generate: .cache/controller-gen
 	.cache/controller-gen object paths=./api/...
-	.cache/controller-gen crd:crdVersions=v1,maxDescLen=400 paths=./api/... output:crd:dir=./deploy/crds
+	.cache/controller-gen crd:crdVersions=v1,maxDescLen=400 paths=./api/v1/... output:crd:dir=./deploy/crds
 	go generate ./deploy
 
 clean:
