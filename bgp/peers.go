@@ -68,6 +68,17 @@ type Inputs struct {
 	NoIPv6Pools bool
 }
 
+// NoIPv6Pools says whether no IPPool is of IPv6 (Inputs.NoIPv6Pools);
+// disabled pools count, as their blocks still hold addresses to route.
+func NoIPv6Pools(pools []v1.IPPool) bool {
+	for _, p := range pools {
+		if pfx, err := netip.ParsePrefix(p.Spec.CIDR); err == nil && pfx.Addr().Is6() {
+			return false
+		}
+	}
+	return true
+}
+
 // Kind says why a session exists.
 type Kind string
 

@@ -357,7 +357,7 @@ func (r *router) configureSessions(ctx context.Context, p *pass) {
 		}
 		p.peers = append(p.peers, ni)
 	}
-	in := bgp.Inputs{Self: p.selfBGP, Nodes: p.nodes, Config: snap.config, BGPPeers: snap.peers, NoIPv6Pools: !hasIPv6Pool(snap.pools)}
+	in := bgp.Inputs{Self: p.selfBGP, Nodes: p.nodes, Config: snap.config, BGPPeers: snap.peers, NoIPv6Pools: bgp.NoIPv6Pools(snap.pools)}
 	if ref := snap.config.NodeMeshPassword; ref != nil {
 		pw, err := r.secret(ctx, ref)
 		if err != nil {
@@ -780,15 +780,4 @@ func (r *router) Status(ctx context.Context) nodestatus.Status {
 		st.Peers = append(st.Peers, p)
 	}
 	return st
-}
-
-// hasIPv6Pool says whether some IPPool is of IPv6 (disabled ones too: their
-// blocks still hold addresses that must stay routed).
-func hasIPv6Pool(pools []tabbyv1.IPPool) bool {
-	for _, p := range pools {
-		if pfx, err := netip.ParsePrefix(p.Spec.CIDR); err == nil && pfx.Addr().Is6() {
-			return true
-		}
-	}
-	return false
 }

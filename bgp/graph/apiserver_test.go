@@ -77,7 +77,7 @@ rr-peer/192.0.2.1 bgppeer/tor configured`
 	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "graph-viewer"},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"nodes", "pods"}, Verbs: []string{"get", "list"}},
-			{APIGroups: []string{v1.GroupName}, Resources: []string{"bgpconfigurations", "bgppeers"}, Verbs: []string{"get", "list"}},
+			{APIGroups: []string{v1.GroupName}, Resources: []string{"bgpconfigurations", "bgppeers", "ippools"}, Verbs: []string{"get", "list"}},
 		}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

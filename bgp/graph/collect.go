@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/datastore"
@@ -42,6 +43,11 @@ func Load(ctx context.Context, ds *datastore.Client) (Inputs, error) {
 		return in, fmt.Errorf("listing BGPPeers: %w", err)
 	}
 	in.BGPPeers = peers.Items
+	pools, err := ds.IPPools.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return in, fmt.Errorf("listing IPPools: %w", err)
+	}
+	in.NoIPv6Pools = bgp.NoIPv6Pools(pools.Items)
 	return in, nil
 }
 

@@ -40,6 +40,9 @@ type Inputs struct {
 	Config v1.BGPConfigurationSpec
 	// BGPPeers are all BGPPeer resources.
 	BGPPeers []v1.BGPPeer
+	// NoIPv6Pools: no IPPool is IPv6, so tabbyd opens no IPv6 session
+	// between nodes (bgp.Inputs.NoIPv6Pools).
+	NoIPv6Pools bool
 	// Status holds each node's tabbyd status, by node name; a node
 	// without an entry is drawn from the configuration alone.
 	Status map[string]*nodestatus.Status
@@ -238,7 +241,7 @@ func (b *builder) problem(format string, args ...any) {
 
 // configured adds the sessions bgp.DesiredPeers gives self.
 func (b *builder) configured(self bgp.Node, nodes []bgp.Node) {
-	in := bgp.Inputs{Self: self, Nodes: nodes, Config: b.in.Config, BGPPeers: b.in.BGPPeers, Passwords: map[string]string{}}
+	in := bgp.Inputs{Self: self, Nodes: nodes, Config: b.in.Config, BGPPeers: b.in.BGPPeers, Passwords: map[string]string{}, NoIPv6Pools: b.in.NoIPv6Pools}
 	if b.in.Config.NodeMeshPassword != nil {
 		in.MeshPassword = "(not read)"
 	}
