@@ -134,25 +134,7 @@ func (c *compiler) checkPolicy(p *networkingv1.NetworkPolicy) *cpolicy {
 	cp := &cpolicy{ns: p.Namespace, name: p.Name, key: p.Namespace + "/" + p.Name, sel: sel}
 
 	var msgs []string
-	if len(p.Spec.PolicyTypes) > 2 {
-		msgs = append(msgs, "spec.policyTypes: may not list more than two policyTypes")
-	}
-	for i, t := range p.Spec.PolicyTypes {
-		switch t {
-		case networkingv1.PolicyTypeIngress:
-			cp.ingress = true
-		case networkingv1.PolicyTypeEgress:
-			cp.egress = true
-		default:
-			msgs = append(msgs, fmt.Sprintf("spec.policyTypes[%d]: %q is not Ingress or Egress", i, t))
-		}
-	}
-	if !cp.ingress && !cp.egress {
-		// No (valid) policyTypes: Ingress always, Egress when there are
-		// egress rules, as the API defaults them.
-		cp.ingress = true
-		cp.egress = len(p.Spec.Egress) > 0
-	}
+	cp.ingress, cp.egress, msgs = PolicyTypes(p)
 	if len(msgs) > 0 {
 		report(msgs, fmt.Sprintf("the policy is enforced for %s", strings.Join(cp.types(), " and ")))
 	}
@@ -200,6 +182,30 @@ func (c *compiler) checkRules(ns, field, peerField string, rules []ruleIn, bad *
 		out = append(out, cr)
 	}
 	return out
+}
+
+// PolicyTypes are the directions a NetworkPolicy isolates, as the
+// compiler enforces it: its valid policyTypes, or when it lists none,
+// Ingress always and Egress when it has egress rules, as the API defaults
+// them. problems name the entries it ignores.
+func PolicyTypes(p *networkingv1.NetworkPolicy) (ingress, egress bool, problems []string) {
+	if len(p.Spec.PolicyTypes) > 2 {
+		problems = append(problems, "spec.policyTypes: may not list more than two policyTypes")
+	}
+	for i, t := range p.Spec.PolicyTypes {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			ingress = true
+		case networkingv1.PolicyTypeEgress:
+			egress = true
+		default:
+			problems = append(problems, fmt.Sprintf("spec.policyTypes[%d]: %q is not Ingress or Egress", i, t))
+		}
+	}
+	if !ingress && !egress {
+		return true, len(p.Spec.Egress) > 0, problems
+	}
+	return ingress, egress, problems
 }
 
 func (p *cpolicy) types() []string {

@@ -267,18 +267,15 @@ func selectorString(s labels.Selector) string {
 	return "{" + s.String() + "}"
 }
 
-// policyTypes are the directions a NetworkPolicy isolates, as the API
-// defaults them.
+// policyTypes are the directions a NetworkPolicy isolates, as the
+// compiler enforces them.
 func policyTypes(np *networkingv1.NetworkPolicy) []string {
-	if len(np.Spec.PolicyTypes) > 0 {
-		var out []string
-		for _, t := range np.Spec.PolicyTypes {
-			out = append(out, string(t))
-		}
-		return out
+	ingress, egress, _ := policy.PolicyTypes(np)
+	var out []string
+	if ingress {
+		out = append(out, string(networkingv1.PolicyTypeIngress))
 	}
-	out := []string{string(networkingv1.PolicyTypeIngress)}
-	if len(np.Spec.Egress) > 0 {
+	if egress {
 		out = append(out, string(networkingv1.PolicyTypeEgress))
 	}
 	return out
