@@ -20,6 +20,14 @@ import (
 // tabbyd renews its heartbeat Lease and the CNI token Secret lives.
 const DefaultNamespace = "tabby-system"
 
+// NodePodSelector finds the pods of the tabby-node DaemonSet (deploy/), and
+// NodeContainer is tabbyd's container in them: tabbyctl execs there to
+// ask a node's tabbyd, which serves only on the node's loopback.
+const (
+	NodePodSelector = "app.kubernetes.io/name=tabby-node"
+	NodeContainer   = "tabbyd"
+)
+
 // HeartbeatLeasePrefix starts the name of the Lease each tabbyd renews in
 // its namespace while it is ready ("tabbyd-<node>"); the scheduler
 // extender watches these Leases to tell which nodes can wire pods.

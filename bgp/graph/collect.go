@@ -71,8 +71,8 @@ func DefaultStatusSource(cfg *rest.Config) StatusSource {
 	return StatusSource{
 		Config:    cfg,
 		Namespace: contract.DefaultNamespace,
-		Selector:  "app.kubernetes.io/name=tabby-node",
-		Container: "tabbyd",
+		Selector:  contract.NodePodSelector,
+		Container: contract.NodeContainer,
 		Command:   []string{"tabbyctl", "node", "status", "-o", "json"},
 		Parallel:  8,
 	}

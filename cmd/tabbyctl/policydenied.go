@@ -91,7 +91,7 @@ func (o *deniedOptions) viaNode(ctx context.Context, kube *kubeFlags, p *deniedP
 	if err != nil {
 		return err
 	}
-	pods, err := ds.Pods(o.namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tabby-node", FieldSelector: "spec.nodeName=" + o.node})
+	pods, err := ds.Pods(o.namespace).List(ctx, metav1.ListOptions{LabelSelector: contract.NodePodSelector, FieldSelector: "spec.nodeName=" + o.node})
 	if err != nil {
 		return fmt.Errorf("listing the tabby-node pods of namespace %s: %w (use --namespace where tabby runs)", o.namespace, err)
 	}
@@ -100,7 +100,7 @@ func (o *deniedOptions) viaNode(ctx context.Context, kube *kubeFlags, p *deniedP
 	}
 	pod := &pods.Items[0]
 	command := []string{"tabbyctl", "policy", "denied", "-o", "json"}
-	if ep := podexec.HealthListen(pod, "tabbyd"); ep != "" {
+	if ep := podexec.HealthListen(pod, contract.NodeContainer); ep != "" {
 		command = append(command, "--endpoint="+ep)
 	}
 	if o.pod != "" {
@@ -113,7 +113,7 @@ func (o *deniedOptions) viaNode(ctx context.Context, kube *kubeFlags, p *deniedP
 	done := make(chan error, 1)
 	go func() { done <- readRecords(pr, p.print) }()
 	var errOut bytes.Buffer
-	runErr := podexec.Exec(ctx, cfg, ds, pod, "tabbyd", command, pw, &errOut)
+	runErr := podexec.Exec(ctx, cfg, ds, pod, contract.NodeContainer, command, pw, &errOut)
 	_ = pw.Close()
 	readErr := <-done
 	if runErr != nil && !(o.follow && ctx.Err() != nil) {
