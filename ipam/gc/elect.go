@@ -210,7 +210,12 @@ type loggingLock struct {
 	last  string
 }
 
-func (l *loggingLock) note(op string, err error) {
+func (l *loggingLock) note(ctx context.Context, op string, err error) {
+	if err != nil && ctx.Err() != nil {
+		// The elector is stopping (tabbyd shuts down, or it gave up
+		// leading): the call was cut short, the Lease is not at fault.
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -226,7 +231,7 @@ func (l *loggingLock) note(op string, err error) {
 func (l *loggingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	r, b, err := l.Interface.Get(ctx)
 	if err == nil || !apierrors.IsNotFound(err) {
-		l.note("read", err)
+		l.note(ctx, "read", err)
 	}
 	return r, b, err
 }
@@ -234,7 +239,7 @@ func (l *loggingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionReco
 func (l *loggingLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	err := l.Interface.Create(ctx, ler)
 	if !apierrors.IsAlreadyExists(err) {
-		l.note("create", err)
+		l.note(ctx, "create", err)
 	}
 	return err
 }
@@ -242,7 +247,7 @@ func (l *loggingLock) Create(ctx context.Context, ler resourcelock.LeaderElectio
 func (l *loggingLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
 	err := l.Interface.Update(ctx, ler)
 	if !apierrors.IsConflict(err) {
-		l.note("update", err)
+		l.note(ctx, "update", err)
 	}
 	return err
 }
