@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/policy"
 )
@@ -46,6 +47,8 @@ type npWorld struct {
 	Namespaces []*corev1.Namespace
 	Pods       []*corev1.Pod
 	Policies   []*networkingv1.NetworkPolicy
+	// ClusterPolicies are ClusterNetworkPolicies (withCNPs).
+	ClusterPolicies []*cnpv1.ClusterNetworkPolicy
 }
 
 // npNamespace is the name of namespace n.
@@ -126,6 +129,7 @@ func npPod(namespace, name, node string, labels map[string]string, ports []corev
 // as tabbyd's default (--policy-deny-unlisted).
 func (w *npWorld) input() *policy.Input {
 	in := netpol.BuildInput(npNode, w.Pods, w.Namespaces, w.Policies, nil)
+	in.ClusterPolicies = w.ClusterPolicies
 	in.DenyUnlisted = true
 	return in
 }
@@ -243,6 +247,54 @@ func npPolicy(p int) *networkingv1.NetworkPolicy {
 		ObjectMeta: metav1.ObjectMeta{Namespace: npNamespace(n), Name: fmt.Sprintf("%s-%d", name, p)},
 		Spec:       spec,
 	}
+}
+
+// withCNPs adds n ClusterNetworkPolicies to w (cnpMix) and returns w.
+func (w *npWorld) withCNPs(n int) *npWorld {
+	for i := range n {
+		w.ClusterPolicies = append(w.ClusterPolicies, npCNP(i))
+	}
+	return w
+}
+
+// npCNP is ClusterNetworkPolicy i of a mix of four kinds over the teams
+// (t0 … t4) of newNPWorld's namespaces, even i in the Admin tier and odd
+// i in the Baseline tier, priorities spread over 0 … 980 so that several
+// share one: deny ingress from the next team; pass web pods of prod
+// namespaces to NetworkPolicy on a port range; accept egress to the
+// cluster's networks on 443 and 8000-8999, then deny the rest of the
+// internet; accept egress to the system namespace's named port dns.
+func npCNP(i int) *cnpv1.ClusterNetworkPolicy {
+	tier := cnpv1.AdminTier
+	if i%2 == 1 {
+		tier = cnpv1.BaselineTier
+	}
+	team := func(t int) *metav1.LabelSelector { return sel("team", fmt.Sprintf("t%d", t%5)) }
+	tcp := func(p cnpv1.Port) cnpv1.ClusterNetworkPolicyProtocol {
+		return cnpv1.ClusterNetworkPolicyProtocol{TCP: &cnpv1.ClusterNetworkPolicyProtocolTCP{DestinationPort: &p}}
+	}
+	spec := cnpv1.ClusterNetworkPolicySpec{Tier: tier, Priority: int32(i % 50 * 20),
+		Subject: cnpv1.ClusterNetworkPolicySubject{Namespaces: team(i)}}
+	switch i % 4 {
+	case 0:
+		spec.Ingress = []cnpv1.ClusterNetworkPolicyIngressRule{{Action: cnpv1.ActionDeny,
+			From: []cnpv1.ClusterNetworkPolicyIngressPeer{{Namespaces: team(i + 1)}}}}
+	case 1:
+		spec.Ingress = []cnpv1.ClusterNetworkPolicyIngressRule{{Action: cnpv1.ActionPass,
+			From:      []cnpv1.ClusterNetworkPolicyIngressPeer{{Pods: &cnpv1.NamespacedPod{NamespaceSelector: *sel("env", "prod"), PodSelector: *sel("tier", "web")}}},
+			Protocols: []cnpv1.ClusterNetworkPolicyProtocol{tcp(cnpv1.Port{Range: &cnpv1.PortRange{Start: 8080, End: 8081}})}}}
+	case 2:
+		spec.Egress = []cnpv1.ClusterNetworkPolicyEgressRule{
+			{Action: cnpv1.ActionAccept, To: []cnpv1.ClusterNetworkPolicyEgressPeer{{Networks: []cnpv1.CIDR{"10.0.0.0/8", "fd00::/16"}}},
+				Protocols: []cnpv1.ClusterNetworkPolicyProtocol{tcp(cnpv1.Port{Number: 443}), tcp(cnpv1.Port{Range: &cnpv1.PortRange{Start: 8000, End: 8999}})}},
+			{Action: cnpv1.ActionDeny, To: []cnpv1.ClusterNetworkPolicyEgressPeer{{Networks: []cnpv1.CIDR{"0.0.0.0/0", "::/0"}}}},
+		}
+	case 3:
+		spec.Egress = []cnpv1.ClusterNetworkPolicyEgressRule{{Action: cnpv1.ActionAccept,
+			To:        []cnpv1.ClusterNetworkPolicyEgressPeer{{Namespaces: sel("role", "system")}},
+			Protocols: []cnpv1.ClusterNetworkPolicyProtocol{{DestinationNamedPort: "dns"}}}}
+	}
+	return &cnpv1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cnp-%d", i)}, Spec: spec}
 }
 
 // npSize is the size of a Ruleset.
