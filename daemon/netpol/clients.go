@@ -3,7 +3,10 @@ package netpol
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -105,16 +108,25 @@ func NewRecorder(ds *datastore.Client, node string) (rec record.EventRecorder, s
 // controller decodes into tabby's mirror of the API (api/cnp/v1beta1): an
 // object that does not decode is reported, not a stuck informer.
 //
-// Where the CRD is not installed, List answers an empty list (and Watch
-// fails, so the informer lists again after its back-off): a cluster
-// without ClusterNetworkPolicy still gets its NetworkPolicies enforced,
-// and one that installs the CRD later gets its policies without a
-// restart of tabbyd.
+// Where the CRD is not installed, List answers an empty list and Watch a
+// quiet watch that looks for the resource every crdRecheck and, once it
+// is served, ends with 410 Expired, which makes the informer list again:
+// a cluster without ClusterNetworkPolicy still gets its NetworkPolicies
+// enforced, without a failed watch in the log every back-off, and one
+// that installs the CRD later gets its policies without a restart of
+// tabbyd.
 type ClusterPolicyClient struct {
 	ri dynamic.ResourceInterface
 	// missing is set while the API server does not serve the resource.
 	missing atomic.Bool
+	// recheck is how often a quiet watch looks for the resource;
+	// crdRecheck when 0.
+	recheck time.Duration
 }
+
+// crdRecheck is how often tabbyd looks for the ClusterNetworkPolicy CRD
+// while it is not installed.
+const crdRecheck = 30 * time.Second
 
 // NewClusterPolicyClient is a ClusterPolicyClient on the API server of rc.
 func NewClusterPolicyClient(rc *rest.Config) (*ClusterPolicyClient, error) {
@@ -142,10 +154,65 @@ func (c *ClusterPolicyClient) List(ctx context.Context, opts metav1.ListOptions)
 	return l, err
 }
 
-// Watch watches the ClusterNetworkPolicies.
+// Watch watches the ClusterNetworkPolicies; while the CRD is missing, it
+// waits for it quietly (missingWatch).
 func (c *ClusterPolicyClient) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	if c.missing.Load() {
+		return c.missingWatch(ctx), nil
+	}
 	return c.ri.Watch(ctx, opts)
 }
+
+// missingWatch is a watch without events that looks for the resource
+// every recheck and, when the API server serves it (or answers anything
+// but NotFound), sends 410 Expired and ends: the informer then lists
+// again, finds the CRD and watches it for real.
+func (c *ClusterPolicyClient) missingWatch(ctx context.Context) watch.Interface {
+	w := &quietWatch{ch: make(chan watch.Event), stop: make(chan struct{})}
+	every := c.recheck
+	if every <= 0 {
+		every = crdRecheck
+	}
+	go func() {
+		defer close(w.ch)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+			if _, err := c.ri.List(ctx, metav1.ListOptions{Limit: 1}); apierrors.IsNotFound(err) {
+				continue
+			}
+			// The next watch is a real one, whichever way the
+			// informer starts again (a list, or a watch-list).
+			c.missing.Store(false)
+			gone := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusGone, Reason: metav1.StatusReasonExpired,
+				Message: "the ClusterNetworkPolicy resource is served now: list again"}
+			select {
+			case w.ch <- watch.Event{Type: watch.Error, Object: gone}:
+			case <-w.stop:
+			case <-ctx.Done():
+			}
+			return
+		}
+	}()
+	return w
+}
+
+// quietWatch is missingWatch's watch.Interface.
+type quietWatch struct {
+	ch   chan watch.Event
+	stop chan struct{}
+	once sync.Once
+}
+
+func (w *quietWatch) ResultChan() <-chan watch.Event { return w.ch }
+func (w *quietWatch) Stop()                          { w.once.Do(func() { close(w.stop) }) }
 
 // Missing says whether the last list found the CRD not installed.
 func (c *ClusterPolicyClient) Missing() bool { return c.missing.Load() }

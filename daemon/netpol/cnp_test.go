@@ -5,13 +5,20 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
@@ -126,6 +133,76 @@ func TestControllerWithoutTheCRD(t *testing.T) {
 	}
 	if !w.cnpClient.Missing() {
 		t.Error("the client did not notice the missing resource")
+	}
+}
+
+// TestClusterPolicyClientWaitsForTheCRD: a real informer over a
+// ClusterPolicyClient whose resource is not served lists nothing and
+// waits quietly (no failed watch every back-off); once the CRD is
+// installed and an object created, the informer has it, without a
+// restart. The resource is a CRD of the test's own group, removed at the
+// end.
+func TestClusterPolicyClientWaitsForTheCRD(t *testing.T) {
+	cfg := clustertest.Config(t)
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvr := schema.GroupVersionResource{Group: "crdwait.tabby.io", Version: "v1", Resource: "waiters"}
+	c := &ClusterPolicyClient{ri: dc.Resource(gvr), recheck: 200 * time.Millisecond}
+	var watches atomic.Int32
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return c.List(ctx, o) },
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			watches.Add(1)
+			return c.Watch(ctx, o)
+		},
+	}
+	store, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{ListerWatcher: lw, ObjectType: &unstructured.Unstructured{}, Handler: cache.ResourceEventHandlerFuncs{}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go ctrl.RunWithContext(ctx)
+	eventually(t, "the informer's first list", ctrl.HasSynced)
+	if !c.Missing() {
+		t.Fatal("the client did not notice the missing resource")
+	}
+	// The informer may have tried a watch-list before its first list.
+	before := watches.Load()
+	time.Sleep(time.Second) // five rechecks
+	if n := watches.Load() - before; n > 1 {
+		t.Errorf("%d watches in a second while the resource is missing, want at most 1 quiet one", n)
+	}
+
+	ext, err := apiextclient.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &apiextv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: gvr.Resource + "." + gvr.Group},
+		Spec: apiextv1.CustomResourceDefinitionSpec{
+			Group: gvr.Group, Scope: apiextv1.ClusterScoped,
+			Names: apiextv1.CustomResourceDefinitionNames{Plural: gvr.Resource, Kind: "Waiter", ListKind: "WaiterList", Singular: "waiter"},
+			Versions: []apiextv1.CustomResourceDefinitionVersion{{Name: gvr.Version, Served: true, Storage: true,
+				Schema: &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &apiextv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr.To(true)}}}},
+		},
+	}
+	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ext.ApiextensionsV1().CustomResourceDefinitions().Delete(context.Background(), crd.Name, metav1.DeleteOptions{})
+	})
+	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": gvr.GroupVersion().String(), "kind": "Waiter", "metadata": map[string]any{"name": "w1"}}}
+	eventually(t, "the object created once the CRD is served", func() bool {
+		_, err := c.ri.Create(ctx, obj, metav1.CreateOptions{})
+		return err == nil
+	})
+	eventually(t, "the informer to hold the object, without a restart", func() bool {
+		_, ok, _ := store.GetByKey("w1")
+		return ok
+	})
+	if c.Missing() {
+		t.Error("the client still says the resource is missing")
 	}
 }
 
