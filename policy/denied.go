@@ -61,12 +61,35 @@ type Denial struct {
 	// Direction is "ingress" or "egress", from the local pod's side.
 	Direction string `json:"direction"`
 	// Policies are the policies selecting the pod ("namespace/name"),
-	// sorted.
+	// sorted; none for the drop of unlisted interfaces
+	// (UnlistedLogPrefix).
 	Policies []string `json:"policies"`
+}
+
+// UnlistedLogPrefix is the NFLOG prefix of what Input.DenyUnlisted drops:
+// packets from (egress) or to (ingress) a pod interface tabbyd has not
+// programmed yet, "tabby:unlisted-E" or "tabby:unlisted-I".
+func UnlistedLogPrefix(egress bool) string {
+	if egress {
+		return DeniedLogPrefix + "unlisted-E"
+	}
+	return DeniedLogPrefix + "unlisted-I"
+}
+
+// UnlistedDenials are the Denials of what Input.DenyUnlisted drops, one
+// per direction, the same in every Ruleset.
+func UnlistedDenials() []Denial {
+	return []Denial{
+		{Prefix: UnlistedLogPrefix(true), Chain: ChainFromPod, Direction: dirEgress.String()},
+		{Prefix: UnlistedLogPrefix(false), Chain: ChainToPod, Direction: dirIngress.String()},
+	}
 }
 
 // Reason says why the packet was dropped, for people.
 func (d Denial) Reason() string {
+	if len(d.Policies) == 0 {
+		return "the pod's interface is not programmed by tabbyd yet (--policy-deny-unlisted drops its " + d.Direction + " until it is)"
+	}
 	if len(d.Policies) == 1 && tierOf(d.Policies[0]) != "NetworkPolicy" {
 		return "denied by " + d.Policies[0] + " (a Deny rule of this ClusterNetworkPolicy, or one it fails closed on)"
 	}
@@ -114,6 +137,9 @@ func (c *compiler) denials(sigs []*signature) []Denial {
 				out = append(out, Denial{Prefix: p.logPrefix(dir), Chain: p.chain(dir), Direction: dir.String(), Policies: []string{p.comment()}})
 			}
 		}
+	}
+	if c.in.DenyUnlisted {
+		out = append(out, UnlistedDenials()...)
 	}
 	slices.SortFunc(out, func(a, b Denial) int { return strings.Compare(a.Prefix, b.Prefix) })
 	return out

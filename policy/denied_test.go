@@ -93,6 +93,54 @@ func TestDeniedLogRules(t *testing.T) {
 	}
 }
 
+// TestDeniedLogUnlisted: with DenyUnlisted, the dispatch chains log what
+// they drop (packets of interfaces tabbyd has not programmed) with the
+// unlisted prefixes, whose Denials name no policy and say why; without
+// the log, or without DenyUnlisted, nothing of it.
+func TestDeniedLogUnlisted(t *testing.T) {
+	in := deniedInput(&DeniedLog{})
+	in.DenyUnlisted = true
+	rs := Compile(in)
+	want := map[string]string{ChainFromPod: UnlistedLogPrefix(true), ChainToPod: UnlistedLogPrefix(false)}
+	for _, c := range rs.Chains {
+		prefix, ok := want[c.Name]
+		if !ok {
+			continue
+		}
+		n := len(c.Rules)
+		if n < 2 || !slices.Equal(c.Rules[n-1], []string{"-j", "DROP"}) ||
+			!strings.Contains(strings.Join(c.Rules[n-2], " "), "-j NFLOG --nflog-group 100 --nflog-prefix "+prefix+" ") {
+			t.Errorf("%s %s ends %q, want the NFLOG of %s then DROP", c.Family, c.Name, c.Rules[max(0, n-2):], prefix)
+		}
+	}
+	var unlisted []Denial
+	for _, d := range rs.Denials {
+		if len(d.Policies) == 0 {
+			unlisted = append(unlisted, d)
+		}
+	}
+	if diff := cmp.Diff(UnlistedDenials(), unlisted); diff != "" {
+		t.Errorf("unlisted Denials (-want +got):\n%s", diff)
+	}
+	if r := unlisted[0].Reason(); !strings.Contains(r, "not programmed by tabbyd") || !strings.Contains(r, "egress") {
+		t.Errorf("Reason %q", r)
+	}
+	in.DenyUnlisted = false
+	for _, d := range Compile(in).Denials {
+		if len(d.Policies) == 0 {
+			t.Errorf("Denial %+v without DenyUnlisted", d)
+		}
+	}
+	in.DenyUnlisted, in.DeniedLog = true, nil
+	for _, c := range Compile(in).Chains {
+		for _, r := range c.Rules {
+			if slices.Contains(r, "NFLOG") {
+				t.Errorf("%s logs without DeniedLog: %q", c.Name, r)
+			}
+		}
+	}
+}
+
 // TestDeniedLogLimitNames: the hashlimit tables' names change with the
 // limits (the kernel keeps a table's first rate while any rule names it),
 // and fit the kernel's 15 bytes.

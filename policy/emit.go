@@ -239,8 +239,8 @@ func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature)
 		from = append(from, []string{"-i", dev, "-j", "RETURN"})
 		to = append(to, []string{"-o", dev, "-j", "RETURN"})
 	}
-	from = append(from, []string{"-j", "DROP"})
-	to = append(to, []string{"-j", "DROP"})
+	from = dropRules(from, nil, c.logRule(UnlistedLogPrefix(true)))
+	to = dropRules(to, nil, c.logRule(UnlistedLogPrefix(false)))
 	return from, to
 }
 

@@ -119,6 +119,15 @@ func (d *Denied) Packet(p nflog.Packet) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	den, known := d.denials[p.Prefix]
+	if !known {
+		// Logged before this has seen a Ruleset, perhaps by an unlisted
+		// interface's drop, which every Ruleset names the same.
+		for _, u := range policy.UnlistedDenials() {
+			if u.Prefix == p.Prefix {
+				den, known = u, true
+			}
+		}
+	}
 	r := deniedlog.Record{
 		Time: p.Time, Node: d.node, Protocol: protoName(p.Proto),
 		Src:      deniedlog.Endpoint{IP: p.Src.String(), Port: p.SrcPort, Pod: d.pods[p.Src]},
