@@ -9,7 +9,6 @@ import (
 
 	"github.com/tabbynet/tabby/bgp/graph"
 	"github.com/tabbynet/tabby/contract"
-	"github.com/tabbynet/tabby/datastore"
 )
 
 func init() { subcommands = append(subcommands, newBGPCommand) }
@@ -55,11 +54,7 @@ Mesh sessions are lines; a reflector's sessions are arrows to its clients.
 			if err != nil {
 				return err
 			}
-			cfg, err := kube.restConfig()
-			if err != nil {
-				return err
-			}
-			ds, err := datastore.New(cfg)
+			cfg, ds, err := kube.client()
 			if err != nil {
 				return err
 			}

@@ -35,11 +35,7 @@ func (f *ipamFlags) options() inspect.Options {
 // load reads the snapshot from the API server --kubeconfig and --context
 // name (as kubectl finds it).
 func (f *ipamFlags) load(cmd *cobra.Command) (context.Context, context.CancelFunc, *datastore.Client, *inspect.Snapshot, error) {
-	cfg, err := f.kube.restConfig()
-	if err != nil {
-		return nil, nil, nil, nil, err
-	}
-	ds, err := datastore.New(cfg)
+	_, ds, err := f.kube.client()
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

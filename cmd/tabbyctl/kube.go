@@ -7,6 +7,8 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tabbynet/tabby/datastore"
 )
 
 // kubeFlags are kubectl's flags that say which API server to use, on the
@@ -42,6 +44,19 @@ func (k *kubeFlags) restConfig() (*rest.Config, error) {
 	}
 	cfg.UserAgent = "tabbyctl"
 	return cfg, nil
+}
+
+// client is restConfig and a datastore client on it.
+func (k *kubeFlags) client() (*rest.Config, *datastore.Client, error) {
+	cfg, err := k.restConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	ds, err := datastore.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, ds, nil
 }
 
 func (k *kubeFlags) clientConfig() clientcmd.ClientConfig {

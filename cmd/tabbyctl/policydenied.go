@@ -15,7 +15,6 @@ import (
 
 	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/daemon/deniedlog"
-	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/podexec"
 )
 
@@ -83,11 +82,7 @@ type deniedOptions struct {
 // viaNode runs "tabbyctl policy denied -o json" in the node's tabby-node
 // pod and prints what it prints.
 func (o *deniedOptions) viaNode(ctx context.Context, kube *kubeFlags, p *deniedPrinter) error {
-	cfg, err := kube.restConfig()
-	if err != nil {
-		return err
-	}
-	ds, err := datastore.New(cfg)
+	cfg, ds, err := kube.client()
 	if err != nil {
 		return err
 	}
