@@ -34,6 +34,8 @@ type Cache struct {
 	pods       map[types.UID]placed
 	namespaces map[string]*v1.Namespace
 	snap       *framework.MapSnapshot // nil when an event came after it was made
+	// labels indexes the pods of nodes by label, as they change.
+	labels framework.LabelIndex
 
 	// inflight holds the placements kube-scheduler may be making, assumed
 	// the pods the extender is binding or bound and the watch has not shown
@@ -195,7 +197,7 @@ func (c *Cache) Snapshot() framework.Snapshot {
 		for k, v := range c.namespaces {
 			namespaces[k] = v
 		}
-		c.snap = framework.SnapshotOf(nodes, namespaces)
+		c.snap = framework.SnapshotOf(nodes, namespaces, c.labels.Share())
 	}
 	if c.workloads != nil {
 		return snapshot{c.snap, c.workloads}
@@ -309,6 +311,7 @@ func (c *Cache) place(p *v1.Pod, node string, info *framework.PodInfo, assumed b
 	}
 	ni.AddPod(info)
 	c.nodes[node] = ni
+	c.labels.Add(info, node, 1)
 	c.snap = nil
 }
 
@@ -335,6 +338,8 @@ func (c *Cache) remove(node string, uid types.UID) {
 	for _, p := range cur.Pods {
 		if p.Pod.UID != uid {
 			ni.AddPod(p)
+		} else {
+			c.labels.Add(p, node, -1)
 		}
 	}
 	if ni.Node == nil && len(ni.Pods) == 0 {

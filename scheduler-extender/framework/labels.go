@@ -45,6 +45,9 @@ type Selector struct {
 	// compiled form does not cover (Gt, Lt: not in pod affinity terms).
 	generic labels.Selector
 	reqs    []requirement
+	// indexed is the requirement key in (values) with the fewest values,
+	// by which CandidateNodes narrows the nodes to walk; -1: none.
+	indexed int
 }
 
 type requirement struct {
@@ -57,19 +60,28 @@ type requirement struct {
 func CompileSelector(s labels.Selector) *Selector {
 	reqs, selectable := s.Requirements()
 	if !selectable {
-		return &Selector{nothing: true} // labels.Nothing()
+		return &Selector{nothing: true, indexed: -1} // labels.Nothing()
 	}
-	out := &Selector{reqs: make([]requirement, 0, len(reqs))}
+	out := &Selector{reqs: make([]requirement, 0, len(reqs)), indexed: -1}
 	for _, r := range reqs {
 		switch r.Operator() {
 		case selection.In, selection.Equals, selection.DoubleEquals, selection.NotIn, selection.NotEquals,
 			selection.Exists, selection.DoesNotExist:
 		default:
-			return &Selector{generic: s}
+			return &Selector{generic: s, indexed: -1}
 		}
 		c := requirement{key: unique.Make(r.Key()), op: r.Operator()}
 		for _, v := range r.ValuesUnsorted() {
-			c.values = append(c.values, unique.Make(v))
+			// Unique: CandidateNodes reads each value's nodes once.
+			if h := unique.Make(v); !c.hasValue(h) {
+				c.values = append(c.values, h)
+			}
+		}
+		switch c.op {
+		case selection.In, selection.Equals, selection.DoubleEquals:
+			if out.indexed < 0 || len(c.values) < len(out.reqs[out.indexed].values) {
+				out.indexed = len(out.reqs)
+			}
 		}
 		out.reqs = append(out.reqs, c)
 	}

@@ -62,7 +62,13 @@ type MapSnapshot struct {
 	list       []*NodeInfo
 	nodes      map[string]*NodeInfo
 	namespaces map[string]*v1.Namespace
+	labels     SharedLabelIndex
+	// The nodes of list with pods with affinity, with required
+	// anti-affinity.
+	withAffinity, withRequiredAnti []*NodeInfo
 }
+
+var _ IndexedSnapshot = (*MapSnapshot)(nil)
 
 // NewSnapshot builds a Snapshot: pods count on the node they are bound to
 // (spec.nodeName); unbound and terminal pods are left out, as are pods of
@@ -75,28 +81,47 @@ func NewSnapshot(nodes []*v1.Node, pods []*v1.Pod, namespaces []*v1.Namespace) *
 		s.list = append(s.list, ni)
 	}
 	sort.Slice(s.list, func(i, j int) bool { return s.list[i].Node.Name < s.list[j].Node.Name })
+	var idx LabelIndex
 	for _, p := range pods {
 		if ni := s.nodes[p.Spec.NodeName]; ni != nil && !Terminal(p) {
-			ni.AddPod(NewPodInfo(p))
+			pi := NewPodInfo(p)
+			ni.AddPod(pi)
+			idx.Add(pi, ni.Node.Name, 1)
 		}
 	}
+	s.labels = idx.Share()
+	s.listAffinity()
 	for _, ns := range namespaces {
 		s.namespaces[ns.Name] = ns
 	}
 	return s
 }
 
+// listAffinity makes the lists of nodes with affinity pods.
+func (s *MapSnapshot) listAffinity() {
+	for _, ni := range s.list {
+		if len(ni.PodsWithAffinity) > 0 {
+			s.withAffinity = append(s.withAffinity, ni)
+		}
+		if len(ni.PodsWithRequiredAntiAffinity) > 0 {
+			s.withRequiredAnti = append(s.withRequiredAnti, ni)
+		}
+	}
+}
+
 // SnapshotOf makes a Snapshot of NodeInfos by node name (those without a
-// Node are left out) and namespaces by name. It keeps the maps: the caller
-// must not change them afterwards.
-func SnapshotOf(nodes map[string]*NodeInfo, namespaces map[string]*v1.Namespace) *MapSnapshot {
-	s := &MapSnapshot{nodes: nodes, namespaces: namespaces, list: make([]*NodeInfo, 0, len(nodes))}
+// Node are left out), namespaces by name and the pods' labels (labels, an
+// index of the same pods). It keeps the maps: the caller must not change
+// them afterwards.
+func SnapshotOf(nodes map[string]*NodeInfo, namespaces map[string]*v1.Namespace, labels SharedLabelIndex) *MapSnapshot {
+	s := &MapSnapshot{nodes: nodes, namespaces: namespaces, labels: labels, list: make([]*NodeInfo, 0, len(nodes))}
 	for _, ni := range nodes {
 		if ni.Node != nil {
 			s.list = append(s.list, ni)
 		}
 	}
 	sort.Slice(s.list, func(i, j int) bool { return s.list[i].Node.Name < s.list[j].Node.Name })
+	s.listAffinity()
 	return s
 }
 
@@ -110,6 +135,15 @@ func (s *MapSnapshot) Get(name string) *NodeInfo {
 	}
 	return nil
 }
+
+// NodesWithLabel implements IndexedSnapshot.
+func (s *MapSnapshot) NodesWithLabel(l Label) map[string]int32 { return s.labels.Nodes(l) }
+
+// HavePodsWithAffinity implements IndexedSnapshot.
+func (s *MapSnapshot) HavePodsWithAffinity() []*NodeInfo { return s.withAffinity }
+
+// HavePodsWithRequiredAntiAffinity implements IndexedSnapshot.
+func (s *MapSnapshot) HavePodsWithRequiredAntiAffinity() []*NodeInfo { return s.withRequiredAnti }
 
 // Namespace implements Snapshot.
 func (s *MapSnapshot) Namespace(name string) *v1.Namespace { return s.namespaces[name] }

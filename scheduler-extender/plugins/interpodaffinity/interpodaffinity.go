@@ -51,13 +51,18 @@
 // terminating pods (deletionTimestamp set) included, as in kube-scheduler's
 // cache.
 //
-// Cost: PreFilter and Score each walk every running pod once (Score only
-// the pods with affinity terms when the incoming pod has no preferred
-// terms), split between GOMAXPROCS goroutines (at most 16, as upstream).
-// Running pods' terms are parsed once, when they enter the cache
-// (framework.NewPodInfo); the incoming pod's terms are matched against
-// interned namespaces and labels (framework.PodInfo.Namespace, Labels), so
-// a pod outside a term's namespaces costs a pointer comparison.
+// Cost: running pods' terms are read only on the nodes that have pods with
+// affinity (the snapshot's HavePodsWithAffinity and
+// HavePodsWithRequiredAntiAffinity lists, as upstream's snapshot keeps).
+// The incoming pod's terms read only the nodes whose pods carry a label
+// the term requires (key=value or key in (values): the snapshot's label
+// index, which the cache keeps pod by pod); a term without such a
+// requirement (only NotIn, Exists, DoesNotExist, or {}) walks every node.
+// Walks are split between GOMAXPROCS goroutines (at most 16, as
+// upstream). Running pods' terms are parsed once, when they enter the
+// cache (framework.NewPodInfo); terms are matched against interned
+// namespaces and labels (framework.PodInfo.Namespace, Labels), so a pod
+// outside a term's namespaces costs a pointer comparison.
 package interpodaffinity
 
 import (
@@ -65,6 +70,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"unique"
 
@@ -341,93 +347,128 @@ func (pl *Plugin) preFilter(ctx context.Context, snap framework.Snapshot, pod *v
 		return nil, fmt.Errorf("parsing pod: %v", pi.ParseError)
 	}
 	nsLabels := namespaceLabels(snap, pod.Namespace)
-	affinity := resolve(pi.RequiredAffinityTerms)
-	anti := resolve(pi.RequiredAntiAffinityTerms)
-	incoming := len(affinity) > 0 || len(anti) > 0
-	nodes := snap.List()
-
-	type acc struct{ existingAnti, affinity, anti pairCounts }
-	accs := make([]acc, maxWorkers)
-	err := pl.parallel(ctx, len(nodes), func(w, lo, hi int) {
-		a := acc{existingAnti: pairCounts{}, affinity: pairCounts{}, anti: pairCounts{}}
-		m := newMatcher(snap, affinity, anti)
-		antiCounts := make([]int64, len(anti))
-		for _, ni := range nodes[lo:hi] {
-			if ctx.Err() != nil {
-				return
-			}
-			if ni.Node == nil {
-				continue
-			}
-			nodeLabels := ni.Node.Labels
-			// Running pods' required anti-affinity that selects the
-			// incoming pod.
-			for _, ep := range ni.PodsWithRequiredAntiAffinity {
-				for i := range ep.RequiredAntiAffinityTerms {
-					t := &ep.RequiredAntiAffinityTerms[i]
-					if tv, ok := nodeLabels[t.TopologyKey]; ok && t.Matches(pod, nsLabels) {
-						a.existingAnti[topologyPair{t.TopologyKey, tv}]++
-					}
-				}
-			}
-			if !incoming || len(ni.Pods) == 0 {
-				continue
-			}
-			// Running pods the incoming pod's terms select, counted per
-			// node first, then added to the node's topology pairs.
-			var matchAll int64
-			clear(antiCounts)
-			for _, ep := range ni.Pods {
-				if m.matchesAll(0, ep) {
-					matchAll++
-				}
-				for i := range anti {
-					if m.matches(1, i, ep) {
-						antiCounts[i]++
-					}
-				}
-			}
-			if matchAll > 0 {
-				for i := range affinity {
-					if tv, ok := nodeLabels[affinity[i].TopologyKey]; ok {
-						a.affinity[topologyPair{affinity[i].TopologyKey, tv}] += matchAll
-					}
-				}
-			}
-			for i, c := range antiCounts {
-				if c == 0 {
-					continue
-				}
-				if tv, ok := nodeLabels[anti[i].TopologyKey]; ok {
-					a.anti[topologyPair{anti[i].TopologyKey, tv}] += c
-				}
-			}
-		}
-		accs[w] = a
-	})
-	if err != nil {
-		return nil, err
-	}
 	s := &preFilterState{
 		existingAntiAffinityCounts: pairCounts{},
 		affinityCounts:             pairCounts{},
 		antiAffinityCounts:         pairCounts{},
-		affinity:                   affinity,
-		anti:                       anti,
+		affinity:                   resolve(pi.RequiredAffinityTerms),
+		anti:                       resolve(pi.RequiredAntiAffinityTerms),
 	}
-	for _, a := range accs {
-		if a.existingAnti == nil {
-			continue
+	// Running pods' required anti-affinity that selects the incoming pod.
+	existing := snap.List()
+	if is, ok := snap.(framework.IndexedSnapshot); ok {
+		existing = is.HavePodsWithRequiredAntiAffinity()
+	}
+	err := pl.walk(ctx, existing, s.existingAntiAffinityCounts, func(_ int, ni *framework.NodeInfo, into pairCounts) {
+		for _, ep := range ni.PodsWithRequiredAntiAffinity {
+			for i := range ep.RequiredAntiAffinityTerms {
+				t := &ep.RequiredAntiAffinityTerms[i]
+				if tv, ok := ni.Node.Labels[t.TopologyKey]; ok && t.MatchesInfo(pi, nsLabels) {
+					into[topologyPair{t.TopologyKey, tv}]++
+				}
+			}
 		}
-		s.existingAntiAffinityCounts.merge(a.existingAnti)
-		s.affinityCounts.merge(a.affinity)
-		s.antiAffinityCounts.merge(a.anti)
+	})
+	if err != nil {
+		return nil, err
 	}
-	if len(s.existingAntiAffinityCounts) == 0 && !incoming {
+	// Running pods that match all the incoming pod's affinity terms, then
+	// those that match each anti-affinity term: counted per node, then
+	// added to the node's topology pairs.
+	if len(s.affinity) > 0 {
+		keys := make([]string, len(s.affinity))
+		for i := range s.affinity {
+			keys[i] = s.affinity[i].TopologyKey
+		}
+		err := pl.countPairs(ctx, snap, s.affinity[0].LabelSelector, keys, s.affinityCounts, s.affinity,
+			func(m *matcher, ep *framework.PodInfo) bool { return m.matchesAll(0, ep) })
+		if err != nil {
+			return nil, err
+		}
+	}
+	for i := range s.anti {
+		err := pl.countPairs(ctx, snap, s.anti[i].LabelSelector, []string{s.anti[i].TopologyKey}, s.antiAffinityCounts, s.anti,
+			func(m *matcher, ep *framework.PodInfo) bool { return m.matches(0, i, ep) })
+		if err != nil {
+			return nil, err
+		}
+	}
+	if len(s.existingAntiAffinityCounts) == 0 && len(s.affinity) == 0 && len(s.anti) == 0 {
 		return nil, nil
 	}
-	s.selfAffinity = len(s.affinityCounts) == 0 && newMatcher(snap, affinity).matchesAll(0, pi)
+	s.selfAffinity = len(s.affinityCounts) == 0 && newMatcher(snap, s.affinity).matchesAll(0, pi)
 	return s, nil
+}
+
+// walk calls visit with each node of list that has a Node, adding to into
+// what visit adds to its argument (a map of each goroutine's own); w is
+// the goroutine's index (< maxWorkers).
+func (pl *Plugin) walk(ctx context.Context, list []*framework.NodeInfo, into pairCounts, visit func(w int, ni *framework.NodeInfo, into pairCounts)) error {
+	partial := make([]pairCounts, maxWorkers)
+	err := pl.parallel(ctx, len(list), func(w, lo, hi int) {
+		pc := pairCounts{}
+		for _, ni := range list[lo:hi] {
+			if ctx.Err() != nil {
+				return
+			}
+			if ni.Node != nil {
+				visit(w, ni, pc)
+			}
+		}
+		partial[w] = pc
+	})
+	for _, pc := range partial {
+		into.merge(pc)
+	}
+	return err
+}
+
+// countPairs adds to into, for each node and each of keys the node has,
+// the node's pods for which match is true, walking only the nodes whose
+// pods sel may match (by the snapshot's label index). match gets a
+// matcher of terms of its goroutine's own.
+func (pl *Plugin) countPairs(ctx context.Context, snap framework.Snapshot, sel *framework.Selector, keys []string, into pairCounts,
+	terms []term, match func(m *matcher, ep *framework.PodInfo) bool) error {
+	matchers := make([]*matcher, maxWorkers)
+	return pl.walk(ctx, candidates(snap, sel), into, func(w int, ni *framework.NodeInfo, into pairCounts) {
+		if matchers[w] == nil {
+			matchers[w] = newMatcher(snap, terms)
+		}
+		var n int64
+		for _, ep := range ni.Pods {
+			if match(matchers[w], ep) {
+				n++
+			}
+		}
+		if n == 0 {
+			return
+		}
+		for _, k := range keys {
+			if tv, ok := ni.Node.Labels[k]; ok {
+				into[topologyPair{k, tv}] += n
+			}
+		}
+	})
+}
+
+// candidates is the nodes whose pods sel may match: those the snapshot's
+// label index gives, or every node.
+func candidates(snap framework.Snapshot, sel *framework.Selector) []*framework.NodeInfo {
+	is, ok := snap.(framework.IndexedSnapshot)
+	if !ok {
+		return snap.List()
+	}
+	names, ok := framework.CandidateNodes(is, sel, nil)
+	if !ok {
+		return snap.List()
+	}
+	out := make([]*framework.NodeInfo, 0, len(names))
+	for _, name := range names {
+		if ni := snap.Get(name); ni != nil {
+			out = append(out, ni)
+		}
+	}
+	return out
 }
 
 var (
@@ -506,103 +547,73 @@ func (pl *Plugin) Score(ctx context.Context, snap framework.Snapshot, pod *v1.Po
 	preferred := resolveWeighted(pi.PreferredAffinityTerms, 1)
 	preferred = append(preferred, resolveWeighted(pi.PreferredAntiAffinityTerms, -1)...)
 	hardWeight := int64(pl.args.HardPodAffinityWeight)
-	all := snap.List()
-
-	type scoreMap map[string]map[string]int64
-	add := func(m scoreMap, key, value string, v int64) {
-		vs := m[key]
-		if vs == nil {
-			vs = map[string]int64{}
-			m[key] = vs
+	// Per topology pair: the incoming pod's preferred terms over the
+	// running pods each selects (the nodes the label index gives it), then
+	// the terms of running pods with affinity that select the incoming pod.
+	topo := pairCounts{}
+	for i := range preferred {
+		weighted := pairCounts{}
+		err := pl.countPairs(ctx, snap, preferred[i].LabelSelector, []string{preferred[i].TopologyKey}, weighted, preferred,
+			func(m *matcher, ep *framework.PodInfo) bool { return m.matches(0, i, ep) })
+		if err != nil {
+			return nil, err
 		}
-		vs[value] += v
+		for k, n := range weighted {
+			topo[k] += preferred[i].weight * n
+		}
 	}
-	partial := make([]scoreMap, maxWorkers)
-	err := pl.parallel(ctx, len(all), func(w, lo, hi int) {
-		topo := scoreMap{}
-		m := newMatcher(snap, preferred)
-		counts := make([]int64, len(preferred))
-		for _, ni := range all[lo:hi] {
-			if ctx.Err() != nil {
-				return
-			}
-			if ni.Node == nil || len(ni.Node.Labels) == 0 {
-				continue
-			}
-			nodeLabels := ni.Node.Labels
-			pods := ni.PodsWithAffinity
-			if hasConstraints {
-				pods = ni.Pods
-			}
-			if len(pods) == 0 {
-				continue
-			}
-			// The incoming pod's preferred terms over the running pods,
-			// counted per node first.
-			clear(counts)
-			for _, ep := range pods {
-				for i := range preferred {
-					if m.matches(0, i, ep) {
-						counts[i]++
-					}
-				}
-				// The running pod's terms that select the incoming pod.
-				if len(ep.RequiredAffinityTerms) == 0 && len(ep.PreferredAffinityTerms) == 0 && len(ep.PreferredAntiAffinityTerms) == 0 {
-					continue
-				}
-				if hardWeight > 0 {
-					for i := range ep.RequiredAffinityTerms {
-						t := &ep.RequiredAffinityTerms[i]
-						if tv, ok := nodeLabels[t.TopologyKey]; ok && t.Matches(pod, nsLabels) {
-							add(topo, t.TopologyKey, tv, hardWeight)
-						}
-					}
-				}
-				for i := range ep.PreferredAffinityTerms {
-					t := &ep.PreferredAffinityTerms[i]
-					if tv, ok := nodeLabels[t.TopologyKey]; ok && t.Matches(pod, nsLabels) {
-						add(topo, t.TopologyKey, tv, int64(t.Weight))
-					}
-				}
-				for i := range ep.PreferredAntiAffinityTerms {
-					t := &ep.PreferredAntiAffinityTerms[i]
-					if tv, ok := nodeLabels[t.TopologyKey]; ok && t.Matches(pod, nsLabels) {
-						add(topo, t.TopologyKey, tv, -int64(t.Weight))
-					}
-				}
-			}
-			for i, c := range counts {
-				if c == 0 {
-					continue
-				}
-				if tv, ok := nodeLabels[preferred[i].TopologyKey]; ok {
-					add(topo, preferred[i].TopologyKey, tv, preferred[i].weight*c)
-				}
+	withAffinity := snap.List()
+	if is, ok := snap.(framework.IndexedSnapshot); ok {
+		withAffinity = is.HavePodsWithAffinity()
+	}
+	err := pl.walk(ctx, withAffinity, topo, func(_ int, ni *framework.NodeInfo, into pairCounts) {
+		nodeLabels := ni.Node.Labels
+		add := func(t *framework.AffinityTerm, weight int64) {
+			if tv, ok := nodeLabels[t.TopologyKey]; ok && t.MatchesInfo(pi, nsLabels) {
+				into[topologyPair{t.TopologyKey, tv}] += weight
 			}
 		}
-		partial[w] = topo
+		for _, ep := range ni.PodsWithAffinity {
+			if hardWeight > 0 {
+				for i := range ep.RequiredAffinityTerms {
+					add(&ep.RequiredAffinityTerms[i], hardWeight)
+				}
+			}
+			for i := range ep.PreferredAffinityTerms {
+				add(&ep.PreferredAffinityTerms[i].AffinityTerm, int64(ep.PreferredAffinityTerms[i].Weight))
+			}
+			for i := range ep.PreferredAntiAffinityTerms {
+				add(&ep.PreferredAntiAffinityTerms[i].AffinityTerm, -int64(ep.PreferredAntiAffinityTerms[i].Weight))
+			}
+		}
 	})
 	if err != nil {
 		return nil, err
 	}
-	topo := scoreMap{}
-	for _, m := range partial {
-		for key, vs := range m {
-			for value, v := range vs {
-				add(topo, key, value, v)
-			}
-		}
-	}
 	if len(topo) == 0 {
 		return scores, nil // upstream's Skip: every node scores 0
+	}
+	// By topology key: every node reads each key once.
+	type keyScores struct {
+		key string
+		vs  map[string]int64
+	}
+	var keys []keyScores
+	for pair, v := range topo {
+		i := slices.IndexFunc(keys, func(k keyScores) bool { return k.key == pair.key })
+		if i < 0 {
+			i = len(keys)
+			keys = append(keys, keyScores{pair.key, map[string]int64{}})
+		}
+		keys[i].vs[pair.value] += v
 	}
 
 	minScore, maxScore := int64(math.MaxInt64), int64(math.MinInt64)
 	for i, ni := range nodes {
 		var s int64
-		for key, vs := range topo {
-			if v, ok := ni.Node.Labels[key]; ok {
-				s += vs[v]
+		for _, k := range keys {
+			if v, ok := ni.Node.Labels[k.key]; ok {
+				s += k.vs[v]
 			}
 		}
 		scores[i] = s
