@@ -365,9 +365,11 @@ func writeRequestError(w http.ResponseWriter, err error) {
 func writeJSON(w http.ResponseWriter, v any) {
 	buf := getBuffer()
 	defer putBuffer(buf)
-	if err := json.NewEncoder(buf).Encode(v); err != nil {
-		http.Error(w, "encoding the answer: "+err.Error(), http.StatusInternalServerError)
-		return
+	if !appendAnswer(buf, v) {
+		if err := json.NewEncoder(buf).Encode(v); err != nil {
+			http.Error(w, "encoding the answer: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
 	}
 	// A Content-Length, and no newline after the value: kube-scheduler
 	// decodes one JSON value and closes the body, which keeps the
