@@ -39,9 +39,11 @@ func (Plugin) PreFilter(_ context.Context, _ framework.Snapshot, pod *v1.Pod) (f
 		return nil, nil
 	}
 	required := CompileRequired(pod)
+	// One status for every node it fails (the framework only reads it).
+	fail := framework.Fail(framework.UnschedulableAndUnresolvable, ErrReasonPod)
 	return func(n *framework.NodeInfo) *framework.Status {
 		if !required.Match(n.Node) {
-			return framework.Fail(framework.UnschedulableAndUnresolvable, ErrReasonPod)
+			return fail
 		}
 		return nil
 	}, nil

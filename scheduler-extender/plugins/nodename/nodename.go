@@ -30,9 +30,11 @@ func (Plugin) PreFilter(_ context.Context, _ framework.Snapshot, pod *v1.Pod) (f
 	if want == "" {
 		return nil, nil
 	}
+	// One status for every node it fails (the framework only reads it).
+	fail := framework.Fail(framework.UnschedulableAndUnresolvable, ErrReason)
 	return func(n *framework.NodeInfo) *framework.Status {
 		if n.Node.Name != want {
-			return framework.Fail(framework.UnschedulableAndUnresolvable, ErrReason)
+			return fail
 		}
 		return nil
 	}, nil

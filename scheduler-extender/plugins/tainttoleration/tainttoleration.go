@@ -43,9 +43,11 @@ func doNotSchedule(t *v1.Taint) bool {
 // Exists tolerates every taint, an empty effect matches every effect.
 func (Plugin) PreFilter(_ context.Context, _ framework.Snapshot, pod *v1.Pod) (framework.NodeFilter, error) {
 	tolerations := pod.Spec.Tolerations
+	// One status for every node it fails (the framework only reads it).
+	fail := framework.Fail(framework.UnschedulableAndUnresolvable, ErrReason)
 	return func(n *framework.NodeInfo) *framework.Status {
 		if _, bad := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Node.Spec.Taints, tolerations, doNotSchedule, comparisonOperators); bad {
-			return framework.Fail(framework.UnschedulableAndUnresolvable, ErrReason)
+			return fail
 		}
 		return nil
 	}, nil
