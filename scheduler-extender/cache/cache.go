@@ -8,6 +8,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -281,6 +282,16 @@ func (c *Cache) SetPod(p *v1.Pod) {
 		c.settle(p.UID)
 	}
 	delete(c.assumed, p.UID)
+	if had && node == old.node && c.nodes[node] != nil {
+		// An update in place (mostly the kubelet's status): the pod
+		// keeps its parsed affinity terms (they are immutable) and its
+		// place in the label index unless its labels changed.
+		info := old.info.Update(p)
+		c.replace(node, old.info, info)
+		c.pods[p.UID] = placed{node: node, info: info}
+		c.snap = nil
+		return
+	}
 	if had {
 		c.remove(old.node, p.UID)
 	}
@@ -325,6 +336,24 @@ func (c *Cache) DeletePod(uid types.UID) {
 		c.remove(old.node, uid)
 		delete(c.pods, uid)
 		c.snap = nil
+	}
+}
+
+// replace replaces the NodeInfo of node with one where info, an update of
+// the same pod, stands for old; c.mu is held.
+func (c *Cache) replace(node string, old, info *framework.PodInfo) {
+	cur := c.nodes[node]
+	ni := &framework.NodeInfo{Node: cur.Node}
+	for _, p := range cur.Pods {
+		if p == old {
+			p = info
+		}
+		ni.AddPod(p)
+	}
+	c.nodes[node] = ni
+	if !maps.Equal(old.Pod.Labels, info.Pod.Labels) {
+		c.labels.Add(old, node, -1)
+		c.labels.Add(info, node, 1)
 	}
 }
 
