@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +38,10 @@ type Cache struct {
 	snap       *framework.MapSnapshot // nil when an event came after it was made
 	// labels indexes the pods of nodes by label, as they change.
 	labels framework.LabelIndex
+	// order is the names of nodes, sorted (nil once one was added or
+	// removed): a snapshot lists the nodes in it without sorting them
+	// again on every pod event.
+	order []string
 
 	// inflight holds the placements kube-scheduler may be making, assumed
 	// the pods the extender is binding or bound and the watch has not shown
@@ -198,7 +203,10 @@ func (c *Cache) Snapshot() framework.Snapshot {
 		for k, v := range c.namespaces {
 			namespaces[k] = v
 		}
-		c.snap = framework.SnapshotOf(nodes, namespaces, c.labels.Share())
+		if c.order == nil {
+			c.order = slices.Sorted(maps.Keys(c.nodes))
+		}
+		c.snap = framework.SnapshotOf(nodes, namespaces, c.labels.Share(), c.order)
 	}
 	if c.workloads != nil {
 		return snapshot{c.snap, c.workloads}
@@ -238,6 +246,8 @@ func (c *Cache) SetNode(n *v1.Node) {
 	ni := &framework.NodeInfo{}
 	if old := c.nodes[n.Name]; old != nil {
 		*ni = *old
+	} else {
+		c.order = nil
 	}
 	ni.Node = n
 	c.nodes[n.Name] = ni
@@ -254,6 +264,7 @@ func (c *Cache) DeleteNode(name string) {
 	}
 	if len(old.Pods) == 0 {
 		delete(c.nodes, name)
+		c.order = nil
 	} else {
 		ni := *old
 		ni.Node = nil
@@ -319,6 +330,8 @@ func (c *Cache) place(p *v1.Pod, node string, info *framework.PodInfo, assumed b
 	ni := &framework.NodeInfo{}
 	if cur := c.nodes[node]; cur != nil {
 		ni = copyNodeInfo(cur)
+	} else {
+		c.order = nil
 	}
 	ni.AddPod(info)
 	c.nodes[node] = ni
@@ -373,6 +386,7 @@ func (c *Cache) remove(node string, uid types.UID) {
 	}
 	if ni.Node == nil && len(ni.Pods) == 0 {
 		delete(c.nodes, node)
+		c.order = nil
 		return
 	}
 	c.nodes[node] = ni

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"unique"
 
@@ -14,24 +15,27 @@ import (
 )
 
 // indexOf is the label index worked out from scratch: per label, the
-// snapshot's nodes whose pods carry it, with how many.
-func indexOf(s framework.Snapshot) map[framework.Label]map[string]int32 {
+// nodes whose pods carry it, with how many (nodes without a Node too:
+// their pods count once the Node comes back).
+func indexOf(c *Cache) map[framework.Label]map[string]int32 {
 	out := map[framework.Label]map[string]int32{}
-	for _, ni := range s.List() {
+	for name, ni := range c.nodes {
 		for _, p := range ni.Pods {
 			for _, l := range p.Labels {
 				if out[l] == nil {
 					out[l] = map[string]int32{}
 				}
-				out[l][ni.Node.Name]++
+				out[l][name]++
 			}
 		}
 	}
 	return out
 }
 
-// TestLabelIndexRandom changes pods at random (created, relabelled,
-// finished, deleted, assumed, forgotten) and checks after each change that
+// TestLabelIndexRandom changes pods and nodes at random (pods created,
+// relabelled, finished, deleted, assumed, forgotten; nodes deleted and
+// added) and checks that the snapshot lists the nodes that have a Node,
+// sorted, and after each change that
 // the snapshot's incremental label index is the one worked out from
 // scratch, and at the end that every earlier snapshot still has the index
 // it was taken with (copy-on-write).
@@ -95,14 +99,24 @@ func TestLabelIndexRandom(t *testing.T) {
 						c.ForgetPod(p.UID, n)
 					}
 				default:
-					uid := uids[r.IntN(len(uids))]
-					c.DeletePod(types.UID(uid))
+					// A node goes (its pods stay), comes back, or a new
+					// one comes.
+					n := fmt.Sprintf("n%d", r.IntN(nodes))
+					switch r.IntN(3) {
+					case 0:
+						c.DeleteNode(n)
+					case 1:
+						c.SetNode(node(n))
+					default:
+						c.SetNode(node(fmt.Sprintf("m%d", step)))
+					}
 				}
 				if r.IntN(3) > 0 {
 					continue // several changes between snapshots, too
 				}
 				s := c.Snapshot()
-				want := indexOf(s)
+				checkList(t, fmt.Sprintf("step %d", step), c, s)
+				want := indexOf(c)
 				checkIndex(t, fmt.Sprintf("step %d", step), s, want)
 				snaps = append(snaps, taken{s, want})
 			}
@@ -127,5 +141,23 @@ func checkIndex(t *testing.T, when string, s framework.Snapshot, want map[framew
 				t.Fatalf("%s: nodes with %s=v%d: index %v, pods %v", when, k, v, got, want[l])
 			}
 		}
+	}
+}
+
+// checkList: the snapshot lists every node with a Node, sorted by name.
+func checkList(t *testing.T, when string, c *Cache, s framework.Snapshot) {
+	t.Helper()
+	var want, got []string
+	for name, ni := range c.nodes {
+		if ni.Node != nil {
+			want = append(want, name)
+		}
+	}
+	slices.Sort(want)
+	for _, ni := range s.List() {
+		got = append(got, ni.Node.Name)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s: snapshot lists %v, want %v", when, got, want)
 	}
 }

@@ -111,16 +111,15 @@ func (s *MapSnapshot) listAffinity() {
 
 // SnapshotOf makes a Snapshot of NodeInfos by node name (those without a
 // Node are left out), namespaces by name and the pods' labels (labels, an
-// index of the same pods). It keeps the maps: the caller must not change
-// them afterwards.
-func SnapshotOf(nodes map[string]*NodeInfo, namespaces map[string]*v1.Namespace, labels SharedLabelIndex) *MapSnapshot {
+// index of the same pods); order is the names of nodes, sorted. It keeps
+// the maps: the caller must not change them afterwards.
+func SnapshotOf(nodes map[string]*NodeInfo, namespaces map[string]*v1.Namespace, labels SharedLabelIndex, order []string) *MapSnapshot {
 	s := &MapSnapshot{nodes: nodes, namespaces: namespaces, labels: labels, list: make([]*NodeInfo, 0, len(nodes))}
-	for _, ni := range nodes {
-		if ni.Node != nil {
+	for _, name := range order {
+		if ni := nodes[name]; ni != nil && ni.Node != nil {
 			s.list = append(s.list, ni)
 		}
 	}
-	sort.Slice(s.list, func(i, j int) bool { return s.list[i].Node.Name < s.list[j].Node.Name })
 	s.listAffinity()
 	return s
 }
