@@ -29,12 +29,7 @@ import (
 // block with free addresses.
 func bigCluster() (*cache.Cache, *network.Inputs, []*v1.Node) {
 	c := cache.New()
-	in := &network.Inputs{
-		Pools:   []*tabbyv1.IPPool{{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.0.0.0/8"}}},
-		Config:  tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: 20},
-		Now:     time.Now(),
-		Version: 1, // as the Watcher gives: one state, reused by every request
-	}
+	in := benchInputs()
 	c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}})
 	var nodes []*v1.Node
 	for i := range 5000 {
@@ -61,6 +56,31 @@ func bigCluster() (*cache.Cache, *network.Inputs, []*v1.Node) {
 		}
 	}
 	return c, in, nodes
+}
+
+// benchInputs is the network's state without blocks: one pool.
+func benchInputs() *network.Inputs {
+	return &network.Inputs{
+		Pools:   []*tabbyv1.IPPool{{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.0.0.0/8"}}},
+		Config:  tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: 20},
+		Now:     time.Now(),
+		Version: 1, // as the Watcher gives: one state, reused by every request
+	}
+}
+
+// poster posts a JSON body to mux and returns the answer, failing b
+// unless it is 200.
+func poster(b *testing.B, mux *http.ServeMux) func(path string, body []byte) []byte {
+	return func(path string, body []byte) []byte {
+		r := httptest.NewRequest("POST", path, bytes.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		if w.Code != http.StatusOK {
+			b.Fatalf("%s: %d %s", path, w.Code, w.Body)
+		}
+		return w.Body.Bytes()
+	}
 }
 
 // incoming is the pod being placed: a node affinity, a toleration, a
@@ -109,16 +129,7 @@ func BenchmarkExtender(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			post := func(path string, body []byte) []byte {
-				r := httptest.NewRequest("POST", path, bytes.NewReader(body))
-				r.Header.Set("Content-Type", "application/json")
-				w := httptest.NewRecorder()
-				mux.ServeHTTP(w, r)
-				if w.Code != http.StatusOK {
-					b.Fatalf("%s: %d %s", path, w.Code, w.Body)
-				}
-				return w.Body.Bytes()
-			}
+			post := poster(b, mux)
 			// Prioritize gets the nodes that passed, as kube-scheduler sends.
 			var fr extenderv1.ExtenderFilterResult
 			if err := json.Unmarshal(post("/filter", body), &fr); err != nil {

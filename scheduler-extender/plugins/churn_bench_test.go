@@ -1,21 +1,17 @@
 package plugins_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"testing"
-	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
-	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	extender "github.com/tabbynet/tabby/scheduler-extender"
 	"github.com/tabbynet/tabby/scheduler-extender/cache"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins"
@@ -28,12 +24,7 @@ import (
 // bound, as kube-scheduler does, so every request sees a changed cluster.
 func BenchmarkExtenderChurn(b *testing.B) {
 	c := cache.New()
-	in := &network.Inputs{
-		Pools:   []*tabbyv1.IPPool{{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.0.0.0/8"}}},
-		Config:  tabbyv1.IPAMConfigurationSpec{MaxBlocksPerHost: 20},
-		Now:     time.Now(),
-		Version: 1,
-	}
+	in := benchInputs()
 	c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}})
 	names := make([]string, 500)
 	for i := range names {
@@ -45,15 +36,7 @@ func BenchmarkExtenderChurn(b *testing.B) {
 	fw := plugins.Default(c.Snapshot, &network.Plugin{Inputs: func() *network.Inputs { return in }})
 	mux := http.NewServeMux()
 	(&extender.Handler{Scheduler: fw, Nodes: c}).Register(mux)
-	post := func(path string, body []byte) {
-		r := httptest.NewRequest("POST", path, bytes.NewReader(body))
-		r.Header.Set("Content-Type", "application/json")
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, r)
-		if w.Code != http.StatusOK {
-			b.Fatalf("%s: %d %s", path, w.Code, w.Body)
-		}
-	}
+	post := poster(b, mux)
 	mkPod := func(i int) *v1.Pod {
 		app := map[string]string{"app": fmt.Sprintf("a%d", i%2)}
 		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d", i), Namespace: "default", UID: types.UID(fmt.Sprint(i)), Labels: app},
