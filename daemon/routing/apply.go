@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"reflect"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -27,6 +28,10 @@ type Options struct {
 type Applier struct {
 	log *slog.Logger
 	nf  kernel
+	// afterList, when set (tests), runs after applyRoutes listed the
+	// routes and before it changes any: where another program's route
+	// can appear.
+	afterList func()
 }
 
 // NewApplier returns an Applier.
@@ -93,6 +98,25 @@ func (a *Applier) Apply(s State) (Stats, error) {
 		errs = append(errs, a.removeIPIPAddress(&st))
 	}
 	return st, errors.Join(errs...)
+}
+
+// ApplyRoutes programs only s's routes: the part of a State that changes
+// each time BGP learns or loses a route. Callers that applied a State
+// differing from s only in its routes a moment ago use it to skip reading
+// the tunnels, sysctls and NAT rules again (the NAT checks alone spawn
+// iptables and ipset several times); a periodic full Apply heals what
+// changed behind tabby's back.
+func (a *Applier) ApplyRoutes(s State) (Stats, error) {
+	var st Stats
+	err := a.applyRoutes(s.Routes, &st)
+	return st, err
+}
+
+// SameButRoutes says whether x and y differ at most in their routes (and
+// warnings), so that ApplyRoutes(y) after Apply(x) programs all of y.
+func SameButRoutes(x, y State) bool {
+	x.Routes, y.Routes, x.Warnings, y.Warnings = nil, nil, nil, nil
+	return reflect.DeepEqual(x, y)
 }
 
 // Cleanup removes everything tabby programs on this node: its routes (both

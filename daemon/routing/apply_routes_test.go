@@ -151,6 +151,51 @@ func TestApplyUnreachableNextHop(t *testing.T) {
 	}
 }
 
+// A /32 block holds one pod: the CNI plugin's route to the pod and the
+// block's blackhole have the same destination. When the plugin adds its
+// route after Apply listed the routes, the blackhole must not overwrite
+// it (the pod would be unreachable until the next full resync); it is
+// reported as a conflict instead. ApplyRoutes then programs routes only,
+// and SameButRoutes says when that suffices.
+func TestApplyLeavesAPodRouteAddedMeanwhile(t *testing.T) {
+	l := newLab(t, 1)
+	n1, n2 := l.addNode(1, 1), l.addNode(2, 1)
+	own := pfx("10.244.1.77/32")
+	n1.blocks = append(n1.blocks, own)
+	in := l.inputs(n1, dualStackNever...)
+	in.Blocks = n1.blocks
+	s := Desired(in)
+	podRoute := "10.244.1.77 dev lo proto 80 scope link"
+	n1.applier.afterList = func() {
+		n1.ns.IP("route add %s", podRoute)
+		n1.applier.afterList = nil // once: the listing is per family
+	}
+	st := n1.apply(t, s)
+	if !slices.ContainsFunc(st.Conflicts, func(c string) bool { return strings.Contains(c, "10.244.1.77/32") }) {
+		t.Errorf("conflicts %q, want one for 10.244.1.77/32", st.Conflicts)
+	}
+	mustContain(t, "node1's routes", notOurs(t, n1), podRoute)
+	mustNotContain(t, "node1's tabby routes", ourRoutes(t, n1.ns), "10.244.1.77")
+
+	// node2 claims another block: only the routes differ, and
+	// ApplyRoutes adds its route.
+	n2.blocks = append(n2.blocks, pfx("10.244.2.77/32"))
+	s2 := Desired(l.inputs(n1, dualStackNever...))
+	if !SameButRoutes(s, s2) || slices.Equal(s.Routes, s2.Routes) {
+		t.Fatalf("a new block elsewhere should change the routes alone:\n%+v\n%+v", s, s2)
+	}
+	var err error
+	n1.ns.Must(func() error { st, err = n1.applier.ApplyRoutes(s2); return err })
+	if st.Routes.Added != 1 {
+		t.Errorf("ApplyRoutes: routes %+v, want 1 added", st.Routes)
+	}
+	mustContain(t, "node1's tabby routes", ourRoutes(t, n1.ns), "10.244.2.77 via 192.168.1.12 dev eth0 proto 81")
+	s2.IPv4Forwarding = !s2.IPv4Forwarding
+	if SameButRoutes(s, s2) {
+		t.Errorf("SameButRoutes ignores forwarding")
+	}
+}
+
 // contract.RouteProtocolPod is not ours: the applier must never match it.
 func TestRouteProtocolIsNotTheCNIPlugins(t *testing.T) {
 	if RouteProtocol == contract.RouteProtocolPod {

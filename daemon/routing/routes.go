@@ -43,6 +43,9 @@ func (a *Applier) applyRoutes(want []Route, st *Stats) error {
 				foreign[routeKey{dst, r.Priority}] = r.Protocol
 			}
 		}
+		if a.afterList != nil {
+			a.afterList()
+		}
 		used := map[*netlink.Route]bool{}
 		for _, w := range want {
 			if w.Dst.Addr().Is4() != (family == netlink.FAMILY_V4) {
@@ -69,7 +72,20 @@ func (a *Applier) applyRoutes(want []Route, st *Stats) error {
 				a.log.Warn("route not programmed", "route", w.String(), "protocol", int(proto))
 				continue
 			}
-			if err := netlink.RouteReplace(nr); err != nil {
+			// A new destination is added exclusively: a route another
+			// program added since the listing (the CNI plugin's route to
+			// a pod of a /32 block, which the block's blackhole would
+			// otherwise overwrite) is left alone.
+			add := netlink.RouteReplace
+			if len(have) == 0 {
+				add = netlink.RouteAdd
+			}
+			if err := add(nr); errors.Is(err, unix.EEXIST) {
+				msg := fmt.Sprintf("%s: the destination got a route of another program meanwhile; left alone", w)
+				st.Conflicts = append(st.Conflicts, msg)
+				a.log.Warn("route not programmed", "route", w.String(), "why", "another program added one meanwhile")
+				continue
+			} else if err != nil {
 				errs = append(errs, routeError(w, err))
 				continue
 			}
