@@ -61,6 +61,10 @@ type Config struct {
 	// (default DefaultHealthListen, the loopback only); MetricsListen, when
 	// set, serves /metrics alone there too, for Prometheus.
 	HealthListen, MetricsListen string
+	// Profiling serves Go's profiles (/debug/pprof/) on HealthListen too,
+	// as kube-apiserver's --profiling does: for finding where tabbyd's CPU
+	// and memory go on a live node.
+	Profiling bool
 	// CNISocket is where the CNI agent serves the plugins (the CNI config's
 	// agentSocket); "" turns the agent off.
 	CNISocket string
@@ -147,6 +151,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	ready := &readiness{}
 	mux := healthMux(ready, reg)
+	if cfg.Profiling {
+		serveProfiles(mux)
+	}
 	ln, mln, err := listenAll(cfg)
 	if err != nil {
 		return err

@@ -72,3 +72,30 @@ func TestReadyz(t *testing.T) {
 		t.Errorf("routing and heartbeat failing: %d %q", code, body)
 	}
 }
+
+// --profiling serves Go's profiles next to /healthz; without it there are
+// none.
+func TestProfiling(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		mux := healthMux(&readiness{}, prometheus.NewRegistry())
+		if on {
+			serveProfiles(mux)
+		}
+		srv := httptest.NewServer(mux)
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/goroutine?debug=1"} {
+			resp, err := http.Get(srv.URL + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if want := map[bool]int{false: 404, true: 200}[on]; resp.StatusCode != want {
+				t.Errorf("profiling %v: GET %s: %d, want %d", on, path, resp.StatusCode, want)
+			}
+			if on && path == "/debug/pprof/heap?debug=1" && !strings.Contains(string(b), "HeapInuse") {
+				t.Errorf("the heap profile lacks the memory statistics:\n%.300s", b)
+			}
+		}
+		srv.Close()
+	}
+}

@@ -101,6 +101,7 @@ func main() {
 	f.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)")
 	f.StringVar(&nodeIP, "node-ip", "", "this node's addresses for BGP and routes: one address, or an IPv4 and an IPv6 address separated by a comma (as kubelet's --node-ip); a family not given is detected (the default route's interface, then the source towards the API server, then for IPv6 a global address of the IPv4 address's interface)")
 	f.StringVar(&cfg.HealthListen, "health-listen", daemon.DefaultHealthListen, "address serving /healthz, /readyz, /status and /metrics, unauthenticated: keep it on the loopback (the DaemonSet's probes and tabbyctl node status ask 127.0.0.1:9099)")
+	f.BoolVar(&cfg.Profiling, "profiling", false, "also serve Go's CPU, heap and goroutine profiles at /debug/pprof/ on --health-listen (go tool pprof http://127.0.0.1:9099/debug/pprof/heap)")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", daemon.DefaultMetricsListen, "address serving /metrics alone, unauthenticated, for Prometheus to scrape from elsewhere (e.g. :9091); \"\" serves it only on --health-listen")
 	f.StringVar(&cfg.CNISocket, "cni-socket", agentapi.DefaultSocket, "unix socket serving the CNI plugins' IPAM (the CNI config's agentSocket); \"\" turns it off")
 	f.StringVar(&cfg.Namespace, "namespace", daemon.DefaultNamespace, "the namespace tabbyd runs in: BGP passwords are read from its Secrets, and the CNI plugin's service account is there")
