@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
+	api "github.com/osrg/gobgp/v3/api"
+	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/tabbynet/tabby/api/v1"
@@ -203,4 +205,36 @@ func FuzzImportFilter(f *testing.F) {
 			t.Fatalf("accepted %s via %s from a node, which IPAM does not give it (%s)", p, nh, v.Reason)
 		}
 	})
+}
+
+// A block claimed anywhere changes who may originate what: the import
+// policy alone, so sessions re-evaluate what they received and resend
+// nothing. A new pool changes what is exported too.
+func TestPolicyPartsOfAChange(t *testing.T) {
+	nodes := []Node{{Name: "n1", IPv4: netip.MustParsePrefix("10.0.0.1/24")}, {Name: "n2", IPv4: netip.MustParsePrefix("10.0.0.2/24")}}
+	pools := []v1.IPPool{sizedPool("10.244.0.0/16", 26)}
+	blocks := []v1.IPAMBlock{block("10.244.1.0/26", "host:n1", nil)}
+	compile := func(pools []v1.IPPool, blocks []v1.IPAMBlock) *api.SetPoliciesRequest {
+		f, problems := NewFilters(FilterInputs{Nodes: nodes, Pools: pools, Blocks: blocks})
+		if len(problems) > 0 {
+			t.Fatal(problems)
+		}
+		return compilePolicies(f, []Peer{meshPeer, torPeer})
+	}
+	changed := func(a, b *api.SetPoliciesRequest, name string) bool {
+		return !proto.Equal(policyPart(a, name), policyPart(b, name))
+	}
+	before := compile(pools, blocks)
+	claimed := compile(pools, append(blocks, block("10.244.2.0/26", "host:n2", nil)))
+	if !changed(before, claimed, importPolicy) || changed(before, claimed, exportPolicy) {
+		t.Errorf("a claimed block: import changed %v (want true), export changed %v (want false)",
+			changed(before, claimed, importPolicy), changed(before, claimed, exportPolicy))
+	}
+	pooled := compile(append(pools, sizedPool("10.245.0.0/16", 26)), blocks)
+	if !changed(before, pooled, exportPolicy) {
+		t.Errorf("a new pool did not change the export policy")
+	}
+	if part := policyPart(before, exportPolicy); len(part.Policies) != 1 || len(part.DefinedSets) == 0 {
+		t.Errorf("the export part has %d policies and %d sets, want 1 and its sets", len(part.Policies), len(part.DefinedSets))
+	}
 }

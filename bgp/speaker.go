@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"sync"
 	"time"
 
@@ -100,7 +101,10 @@ type Speaker struct {
 	held     map[string]heldRoutes       // routes of sessions this speaker reset, by Peer.Key
 	filters  *Filters                    // see SetFilters
 	policy   *api.SetPoliciesRequest     // the GoBGP policies in force
-	lastErr  error                       // of the last background converge
+	lastErr  error                       // of the last converge
+	// converged: the last converge for desired succeeded; SetPeers with
+	// the same desired and nothing pending has nothing to do.
+	converged bool
 
 	kick    chan struct{}
 	changes chan struct{}
@@ -163,7 +167,7 @@ func Start(ctx context.Context, cfg Config) (*Speaker, error) {
 			{Type: api.WatchEventRequest_Table_Filter_BEST},
 			{Type: api.WatchEventRequest_Table_Filter_EOR},
 		}},
-	}, func(*api.WatchEventResponse) { s.signal() })
+	}, s.onEvent)
 	if err != nil {
 		stop()
 		s.srv.Stop()
@@ -193,8 +197,15 @@ func (s *Speaker) Stop(ctx context.Context) error {
 func (s *Speaker) SetPeers(ctx context.Context, desired []Peer) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.converged && !s.pending() && reflect.DeepEqual(desired, s.desired) {
+		// Nothing to do, and finding that out reads GoBGP's whole table
+		// and every session: the daemon calls this on every reconcile.
+		return nil
+	}
 	s.desired = append([]Peer(nil), desired...)
-	return s.converge(ctx)
+	err := s.converge(ctx)
+	s.converged, s.lastErr = err == nil, err
+	return err
 }
 
 // SetFilters sets the route filters (see Filters) and applies them to
@@ -227,6 +238,17 @@ func (s *Speaker) prefixLimitReached(key, family string) {
 // Learned or PeerStates return may have changed.
 func (s *Speaker) Changes() <-chan struct{} { return s.changes }
 
+// onEvent signals GoBGP's events but table events without paths: GoBGP
+// sends one for every path it re-evaluates whose best path stayed the same
+// (a soft reset in sends one per path received), and each would cost the
+// daemon a reconcile that finds nothing to do.
+func (s *Speaker) onEvent(ev *api.WatchEventResponse) {
+	if t := ev.GetTable(); t != nil && len(t.GetPaths()) == 0 {
+		return
+	}
+	s.signal()
+}
+
 // signal tells the daemon and the background loop that something happened.
 func (s *Speaker) signal() {
 	select {
@@ -258,7 +280,7 @@ func (s *Speaker) run(ctx context.Context) {
 			if err != nil && ctx.Err() == nil && (s.lastErr == nil || s.lastErr.Error() != err.Error()) {
 				s.log.Warn("BGP: converging sessions failed; retrying every second", "err", err)
 			}
-			s.lastErr = err
+			s.lastErr, s.converged = err, err == nil
 		}
 		s.mu.Unlock()
 	}
@@ -374,4 +396,15 @@ func (s *Speaker) established(ctx context.Context, key string) bool {
 		up = p.GetState().GetSessionState() == api.PeerState_ESTABLISHED
 	})
 	return up
+}
+
+// establishedKeys are the keys of the sessions GoBGP has up, in one read.
+func (s *Speaker) establishedKeys(ctx context.Context) (map[string]bool, error) {
+	up := map[string]bool{}
+	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+		if p.GetState().GetSessionState() == api.PeerState_ESTABLISHED {
+			up[p.GetConf().GetNeighborAddress()] = true
+		}
+	})
+	return up, err
 }
