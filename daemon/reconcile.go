@@ -256,11 +256,11 @@ type pass struct {
 	families []familyProblem  // families its pods use and it lacks
 	selfBGP  bgp.Node         // 2: this node as BGP sees it
 	as       uint32
-	nodes    []bgp.Node         // 3: the other nodes
+	nodes    []bgp.Node         // 4: the other nodes
 	peers    []routing.NodeInfo // their routing identities
 	desired  []bgp.Peer         // the sessions
 	filters  *bgp.Filters       // the route filters
-	adverts  []bgp.Route        // 4: what this node advertises
+	adverts  []bgp.Route        // 3: what this node advertises
 	learned  []bgp.LearnedRoute // 5: what BGP learned
 	states   []bgp.PeerState    // the sessions' states
 	stale    int                // learned routes kept stale by graceful restart
@@ -287,8 +287,11 @@ func (r *router) reconcileOnce(ctx context.Context) outcome {
 		r.setNotReady(err.Error())
 		return p.out
 	}
-	r.configureSessions(ctx, p)
+	// This node's routes first: a block it just claimed goes out before
+	// the filters and sessions are converged (the claim changes every
+	// node's filters, and that work would otherwise delay the route).
 	r.advertise(ctx, p)
+	r.configureSessions(ctx, p)
 	r.programKernel(ctx, p)
 	r.report(p)
 	return p.out
@@ -339,7 +342,7 @@ func (r *router) startSpeaker(ctx context.Context, p *pass) error {
 	return r.ensureSpeaker(ctx, p.as, bgp.RouterID(p.selfBGP), settings.ListenPort)
 }
 
-// configureSessions is step 3: the sessions, their passwords and the
+// configureSessions is step 4: the sessions, their passwords and the
 // route filters.
 func (r *router) configureSessions(ctx context.Context, p *pass) {
 	snap, out := &p.snap, &p.out
@@ -401,7 +404,7 @@ func (r *router) passwords(ctx context.Context, snap *snapshot, out *outcome) ma
 	return pws
 }
 
-// advertise is step 4: the advertisements.
+// advertise is step 3: the advertisements.
 func (r *router) advertise(ctx context.Context, p *pass) {
 	adverts, errs := bgp.Advertisements(bgp.AdvertInputs{Node: r.cfg.Node, IPv4: r.addr4.Addr(), IPv6: r.addr6.Addr(),
 		Pools: p.snap.pools, Blocks: p.snap.blocks, Config: p.snap.config})
@@ -425,8 +428,12 @@ func (r *router) programKernel(ctx context.Context, p *pass) {
 	if p.learned, err = r.speaker.Learned(ctx); err != nil {
 		out.problem(true, "reading the routes BGP learned: %v", err)
 	}
-	if p.states, err = r.speaker.PeerStates(ctx); err != nil {
-		out.problem(true, "reading the BGP sessions: %v", err)
+	// The sessions' states (each session's Adj-RIB-In read for what it
+	// rejected) are for the report: read after the routes are in, unless a
+	// restart's kept routes wait on them.
+	holding := r.holding
+	if holding {
+		r.readStates(ctx, p)
 	}
 	nodeAddrs := map[netip.Addr]bool{}
 	for _, n := range p.nodes {
@@ -451,6 +458,17 @@ func (r *router) programKernel(ctx context.Context, p *pass) {
 	}
 	for _, c := range stats.Conflicts {
 		out.problem(false, "%s", c)
+	}
+	if !holding {
+		r.readStates(ctx, p)
+	}
+}
+
+// readStates reads the BGP sessions' states into p.
+func (r *router) readStates(ctx context.Context, p *pass) {
+	var err error
+	if p.states, err = r.speaker.PeerStates(ctx); err != nil {
+		p.out.problem(true, "reading the BGP sessions: %v", err)
 	}
 }
 
@@ -479,12 +497,24 @@ func (r *router) apply(state routing.State) (routing.Stats, error) {
 		return routing.Stats{Conflicts: r.appliedConflicts}, nil
 	}
 	applyStart := time.Now()
-	stats, applyErr := r.applier.Apply(state)
+	var stats routing.Stats
+	var applyErr error
+	// Only the routes changed since a full Apply a moment ago (BGP learned
+	// or lost one: the common case): program those alone, keeping the
+	// full Apply's time so the resync still heals the rest.
+	routesOnly := r.applied != nil && routing.SameButRoutes(*r.applied, state) && time.Since(r.appliedAt) < r.cfg.Resync/2
+	at := applyStart
+	if routesOnly {
+		stats, applyErr = r.applier.ApplyRoutes(state)
+		at = r.appliedAt
+	} else {
+		stats, applyErr = r.applier.Apply(state)
+	}
 	r.metrics.observeApply(stats, applyErr)
 	applyDur := time.Since(applyStart)
 	r.applied, r.appliedAt, r.appliedConflicts = nil, time.Time{}, stats.Conflicts
 	if applyErr == nil {
-		r.applied, r.appliedAt = &state, applyStart
+		r.applied, r.appliedAt = &state, at
 	}
 	r.lastApply = nodestatus.Apply{Time: applyStart, Duration: applyDur, Changes: stats.Changed()}
 	if applyErr != nil {
