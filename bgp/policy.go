@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 
 	api "github.com/osrg/gobgp/v3/api"
@@ -33,6 +34,18 @@ const (
 	setNodes       = "tabby-nodes"    // sessions with cluster nodes
 	setExternal    = "tabby-external" // sessions with external peers
 	setKeepNextHop = "tabby-keep-next-hop"
+	// setReflectors are, on a reflector, its sessions with the other
+	// reflectors of its cluster.
+	setReflectors = "tabby-cluster-reflectors"
+
+	// reflectorCopyPref is the local preference of what a reflector
+	// learns from another reflector of its cluster (below the default
+	// 100): GoBGP reflects to non-clients without ORIGINATOR_ID and
+	// CLUSTER_LIST, so that copy looks originated by the other reflector,
+	// and with a lower router ID it would win over the client's own route,
+	// making each reflector re-send every route a moment after the first.
+	// It stays the fallback when the client's own session is down.
+	reflectorCopyPref = 90
 
 	// placeholder keeps neighbor sets non-empty: GoBGP's empty neighbor
 	// set matches every neighbor.
@@ -204,9 +217,13 @@ func inNeighbors(set string) *api.MatchSet {
 // compilePolicies is the GoBGP form of f for the sessions peers.
 func compilePolicies(f *Filters, peers []Peer) *api.SetPoliciesRequest {
 	b := &policyBuilder{}
-	var nodes, external, keepNH []netip.Addr
+	var nodes, external, keepNH, reflectors []netip.Addr
 	byBGPPeer := map[string][]netip.Addr{}
+	reflects := slices.ContainsFunc(peers, func(p Peer) bool { return p.RRClient })
 	for _, p := range peers {
+		if reflects && p.Kind == KindReflector && !p.RRClient {
+			reflectors = append(reflectors, p.Address)
+		}
 		if isNodeSession(p) {
 			nodes = append(nodes, p.Address)
 		} else {
@@ -220,8 +237,13 @@ func compilePolicies(f *Filters, peers []Peer) *api.SetPoliciesRequest {
 	b.neighborSet(setNodes, nodes)
 	b.neighborSet(setExternal, external)
 	b.neighborSet(setKeepNextHop, keepNH)
+	b.neighborSet(setReflectors, reflectors)
 	// What this node originates passes GoBGP's import policy too.
 	b.imports = append(b.imports, stmt("local", &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_LOCAL}, api.RouteAction_ACCEPT))
+	// No route action: evaluation goes on to the filters below.
+	b.imports = append(b.imports, &api.Statement{Name: setReflectors,
+		Conditions: &api.Conditions{NeighborSet: inNeighbors(setReflectors)},
+		Actions:    &api.Actions{LocalPref: &api.LocalPrefAction{Value: reflectorCopyPref}}})
 	b.exports = append(b.exports, &api.Statement{Name: setKeepNextHop,
 		Conditions: &api.Conditions{NeighborSet: inNeighbors(setKeepNextHop)},
 		Actions:    &api.Actions{Nexthop: &api.NexthopAction{Unchanged: true}}})

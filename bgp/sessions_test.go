@@ -82,3 +82,26 @@ func TestLabMD5(t *testing.T) {
 		t.Errorf("node1's sessions: %s", got)
 	}
 }
+
+// TestLabTwoReflectors: two reflectors of one cluster. GoBGP sends a
+// reflected route to a non-client without ORIGINATOR_ID and CLUSTER_LIST,
+// so each reflector also learns every client's route from the other one,
+// as if the other had originated it; with the lower router ID that copy
+// used to win, and each reflector re-sent every route to all its clients
+// a moment after the first (twice the updates per claim). A reflector
+// prefers what its clients send it; the other reflector's copy is only
+// the fallback.
+func TestLabTwoReflectors(t *testing.T) {
+	needRoot(t)
+	c := newCluster(t, 4, Config{})
+	c.nodes[1].labels = []string{v1.LabelRouteReflector, "true"}
+	c.nodes[2].labels = []string{v1.LabelRouteReflector, "true"}
+	c.reconcile()
+	c.waitFor(1, 20*time.Second, expectRoutes(0, 2, 3, 4))
+	c.waitFor(2, 20*time.Second, expectRoutes(0, 1, 3, 4))
+	// A client learns each reflector's own block from it (the other
+	// reflector's copy has the lower preference) and the other clients'
+	// blocks from either (node1: the lower router ID).
+	c.waitFor(3, 20*time.Second, expectRoutes(0, 1, 2)+" "+expectRoutes(1, 4))
+	c.waitFor(4, 20*time.Second, expectRoutes(0, 1, 2)+" "+expectRoutes(1, 3))
+}
