@@ -17,6 +17,7 @@ package bench
 // in every other node's kernel.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -121,7 +122,13 @@ func startNode(b *testing.B, u *netnstest.Net, name string, i int, dual bool) (*
 	}
 	// tabbyd as the DaemonSet runs it, but for the node's addresses (no
 	// kubelet here says which address is the node's).
-	d, err := n.StartTabbyd(ctx, tabbyd, "--node-ip", nodeIP, "--log-level", "info")
+	// TABBY_BENCH_LOG_LEVEL=debug logs every BGP UPDATE sent and received
+	// (timestamps for a breakdown; it slows tabbyd down),
+	// TABBY_BENCH_LOGS=DIR keeps each node's log there, and
+	// TABBY_BENCH_TABBYD_ARGS adds flags (--profiling, to profile a node).
+	args := append([]string{"--node-ip", nodeIP, "--log-level", cmp.Or(os.Getenv("TABBY_BENCH_LOG_LEVEL"), "info")},
+		strings.Fields(os.Getenv("TABBY_BENCH_TABBYD_ARGS"))...)
+	d, err := n.StartTabbyd(ctx, tabbyd, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -129,8 +136,25 @@ func startNode(b *testing.B, u *netnstest.Net, name string, i int, dual bool) (*
 		if err := d.Stop(); err != nil {
 			b.Errorf("stopping the tabbyd of %s: %v", name, err)
 		}
+		if dir := os.Getenv("TABBY_BENCH_LOGS"); dir != "" {
+			if err := keepLog(d.Log, filepath.Join(dir, name+".log")); err != nil {
+				b.Errorf("keeping the log of %s: %v", name, err)
+			}
+		}
 	})
 	return &convNode{Node: n, tabbyd: d, ip: ip}, nil
+}
+
+// keepLog copies a tabbyd log to dst, making its folder.
+func keepLog(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o644)
 }
 
 // routeWatch records, for every node, when tabby's route to each prefix
@@ -208,6 +232,33 @@ func watchRoutes(b *testing.B, ds *datastore.Client, nodes []*convNode) *routeWa
 		}
 	}()
 	return w
+}
+
+// dump writes, when TABBY_BENCH_LOGS is set, every block the watch saw
+// there: its owner, when it was created and when each node routed it (for
+// lining up with the nodes' logs).
+func (w *routeWatch) dump(b *testing.B, name string) {
+	dir := os.Getenv("TABBY_BENCH_LOGS")
+	if dir == "" {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var sb strings.Builder
+	for p, created := range w.blocks {
+		fmt.Fprintf(&sb, "%s owner=%s created=%s", p, w.owner[p], created.Format(time.RFC3339Nano))
+		for node, at := range w.routes[p] {
+			fmt.Fprintf(&sb, " %s=%s", node, at.Format(time.RFC3339Nano))
+		}
+		sb.WriteString("\n")
+	}
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, name), []byte(sb.String()), 0o644)
+	}
+	if err != nil {
+		b.Errorf("keeping the routes seen: %v", err)
+	}
 }
 
 func (w *routeWatch) signal() {
@@ -587,4 +638,5 @@ func benchConvergence(b *testing.B, count, run int) {
 	claim, pod, pods = addSamples(b, nodes, confs, pool.Name, w, "rr", samples)
 	report("rr", rrSessions, claim, pod)
 	pingAcross(b, pods)
+	w.dump(b, prefix+"-routes.txt")
 }
