@@ -25,6 +25,7 @@ type cluster struct {
 	peers   []v1.BGPPeer
 	filters []v1.BGPFilter
 	extra   map[int][]Peer // sessions added by hand (e.g. to BIRD)
+	blocks  []v1.IPAMBlock // more blocks the filters know of
 	passwd  string
 }
 
@@ -125,6 +126,7 @@ func (c *cluster) filterInputs() *FilterInputs {
 			IPv6: netip.MustParsePrefix(fmt.Sprintf("fd00:77::%d/64", i))})
 		in.Blocks = append(in.Blocks, block(blockOf(i).String(), "host:"+name, nil), block(blockOf6(i).String(), "host:"+name, nil))
 	}
+	in.Blocks = append(in.Blocks, c.blocks...)
 	return in
 }
 

@@ -234,6 +234,28 @@ func TestPolicyPartsOfAChange(t *testing.T) {
 	if !changed(before, pooled, exportPolicy) {
 		t.Errorf("a new pool did not change the export policy")
 	}
+
+	// Which sessions re-evaluate what they received: for n2's claim,
+	// the session with n2 and those that relay (reflectors, eBGP); for a
+	// new pool, all.
+	const as = 64512
+	n3 := Peer{Address: netip.MustParseAddr("10.0.0.3"), Kind: KindMesh, Node: "n3", AS: as}
+	n4 := Peer{Address: netip.MustParseAddr("10.0.0.4"), Kind: KindMesh, Node: "n4", AS: 64513} // eBGP passes n2's route on
+	mesh, reflector, tor := meshPeer, rrPeer, torPeer
+	mesh.AS, reflector.AS, tor.AS, reflector.Relays = as, as, as, true
+	claim, pool := importChange(before, claimed, as), importChange(before, pooled, as)
+	for _, tc := range []struct {
+		peer        Peer
+		claim, pool bool
+	}{{mesh, true, true}, {n3, false, true}, {n4, true, true}, {reflector, true, true}, {tor, false, true}} {
+		if claim(tc.peer) != tc.claim || pool(tc.peer) != tc.pool {
+			t.Errorf("session with %s (%s): re-evaluated after the claim %v (want %v), after the new pool %v (want %v)",
+				tc.peer.Address, tc.peer.Kind, claim(tc.peer), tc.claim, pool(tc.peer), tc.pool)
+		}
+	}
+	if same := importChange(before, compile(pools, blocks), as); same(mesh) || same(reflector) || same(n4) {
+		t.Errorf("an unchanged import policy re-evaluates sessions")
+	}
 	if part := policyPart(before, exportPolicy); len(part.Policies) != 1 || len(part.DefinedSets) == 0 {
 		t.Errorf("the export part has %d policies and %d sets, want 1 and its sets", len(part.Policies), len(part.DefinedSets))
 	}

@@ -1,6 +1,9 @@
 package bgp
 
 import (
+	"fmt"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,4 +107,40 @@ func TestLabTwoReflectors(t *testing.T) {
 	// blocks from either (node1: the lower router ID).
 	c.waitFor(3, 20*time.Second, expectRoutes(0, 1, 2)+" "+expectRoutes(1, 4))
 	c.waitFor(4, 20*time.Second, expectRoutes(0, 1, 2)+" "+expectRoutes(1, 3))
+}
+
+// TestLabClaimAfterRoute: a node's route for a block it just claimed
+// reaches the others before their filters know the block (their informer
+// is behind), and is rejected; once the filters have it, the sessions its
+// route came over take it again (a soft reset in of those sessions only:
+// the owner's and the reflectors'), with a full mesh and with reflectors.
+func TestLabClaimAfterRoute(t *testing.T) {
+	needRoot(t)
+	for _, reflectors := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reflectors=%v", reflectors), func(t *testing.T) {
+			c := newCluster(t, 4, Config{})
+			if reflectors {
+				c.nodes[1].labels = []string{v1.LabelRouteReflector, "true"}
+			}
+			c.reconcile()
+			c.waitFor(4, 20*time.Second, expectRoutes(map[bool]int{false: 0, true: 1}[reflectors], 1, 2, 3))
+			claimed := netip.MustParsePrefix("10.244.103.0/26")
+			c.nodes[3].p.must(helperRequest{Op: "adverts", Adverts: []Route{
+				{Prefix: blockOf(3), NextHop: addrOf(3)}, {Prefix: claimed, NextHop: addrOf(3)}}})
+			time.Sleep(time.Second) // rejected meanwhile
+			c.blocks = []v1.IPAMBlock{block(claimed.String(), "host:node3", nil)}
+			c.reconcile()
+			for _, i := range []int{1, 2, 4} {
+				via := 3 // from node3 itself, or over the reflector node1
+				if reflectors && i != 1 {
+					via = 1
+				}
+				want := fmt.Sprintf("%s>%s@%s", claimed, addrOf(3), addrOf(via))
+				eventually(t, 10*time.Second, fmt.Sprintf("node%d learns %s", i, want), func() (bool, string) {
+					got := routesOf(c.nodes[i].p.learned())
+					return strings.Contains(got, want), got
+				})
+			}
+		})
+	}
 }
