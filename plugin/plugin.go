@@ -39,7 +39,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	cniipam "github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/tabbynet/tabby/contract"
@@ -175,11 +174,6 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("tabby: opening the pod's network namespace %q: %v", args.Netns, err), "")
 	}
 	defer podNS.Close()
-	nodeNS, err := ns.GetCurrentNS()
-	if err != nil {
-		return nil, fmt.Errorf("tabby: opening the node's network namespace: %w", err)
-	}
-	defer nodeNS.Close()
 	alloc, err := addAllocator(ctx, c, d, log)
 	if err != nil {
 		return nil, err
@@ -203,7 +197,7 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 	}
 
 	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att), MTU: m.mtu, IPs: addresses(ips)}
-	hostIf, podIf, err := wire(podNS, nodeNS, w, log)
+	hostIf, podIf, err := wire(podNS, w, log)
 	if err != nil {
 		return nil, fmt.Errorf("tabby: %w", err)
 	}
@@ -258,7 +252,7 @@ func addIPAM(ctx context.Context, c *Config, containerID string, pod contract.Po
 // addresses as a host prefix behind tabby's link-local gateway.
 func delegateAdd(c *Config, log *slog.Logger) ([]*current.IPConfig, func(), error) {
 	release := func() {
-		if rerr := cniipam.ExecDel(c.IPAMType, c.Raw); rerr != nil {
+		if rerr := invoke.DelegateDel(context.TODO(), c.IPAMType, c.Raw, nil); rerr != nil {
 			log.Error("releasing addresses after a failed ADD", "ipam", c.IPAMType, "error", rerr)
 		}
 	}
@@ -272,7 +266,7 @@ func delegateAdd(c *Config, log *slog.Logger) ([]*current.IPConfig, func(), erro
 }
 
 func delegatedAddresses(c *Config) ([]*current.IPConfig, error) {
-	r, err := cniipam.ExecAdd(c.IPAMType, c.Raw)
+	r, err := invoke.DelegateAdd(context.TODO(), c.IPAMType, c.Raw, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -290,27 +284,23 @@ func delegatedAddresses(c *Config) ([]*current.IPConfig, error) {
 	return ips, nil
 }
 
-// wire makes the pod's veth and routes (w), after forwarding is on and a
-// stale host veth of an earlier sandbox is gone. A failure deletes what
-// it made.
-func wire(podNS, nodeNS ns.NetNS, w *Wiring, log *slog.Logger) (hostIf, podIf *current.Interface, err error) {
+// wire makes the pod's veth and routes (w), after forwarding is on. A
+// stale host veth of an earlier sandbox is deleted when its name is in
+// the way. A failure deletes what it made.
+func wire(podNS ns.NetNS, w *Wiring, log *slog.Logger) (hostIf, podIf *current.Interface, err error) {
 	if err := EnableForwarding(families(w.IPs)); err != nil {
 		return nil, nil, err
-	}
-	if stale, err := RemoveStaleHostVeth(w.HostVeth); err != nil {
-		return nil, nil, err
-	} else if stale {
-		log.Info("deleted a stale host veth of an earlier sandbox", "veth", w.HostVeth)
 	}
 	defer func() {
 		if err != nil {
 			unwire(w.HostVeth, log)
 		}
 	}()
-	if hostIf, podIf, err = SetupPod(podNS, nodeNS, w); err != nil {
+	host, hostIf, podIf, err := setupVeth(podNS, w)
+	if err != nil {
 		return nil, nil, err
 	}
-	if err = SetupHost(w); err != nil {
+	if err = setupHost(host, w); err != nil {
 		return nil, nil, err
 	}
 	return hostIf, podIf, nil
@@ -403,7 +393,7 @@ func CmdDel(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 		if _, err := IPAMDel(ctx, args, c, d, log); err != nil {
 			return nil, err
 		}
-	} else if err := cniipam.ExecDel(c.IPAMType, c.Raw); err != nil {
+	} else if err := invoke.DelegateDel(ctx, c.IPAMType, c.Raw, nil); err != nil {
 		return nil, err
 	}
 	log.Info("deleted", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "vethFound", deleted)
@@ -449,7 +439,7 @@ func CmdCheck(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *s
 		if err := ipamCheck(ctx, c, c.HandleID(args.ContainerID), addrIPs(w.IPs), alloc); err != nil {
 			return nil, err
 		}
-	} else if err := cniipam.ExecCheck(c.IPAMType, c.Raw); err != nil {
+	} else if err := invoke.DelegateCheck(ctx, c.IPAMType, c.Raw, nil); err != nil {
 		return nil, err
 	}
 	return nil, nil

@@ -8,11 +8,10 @@ import (
 	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/tabbynet/tabby/contract"
@@ -75,14 +74,22 @@ func hostPrefix(a net.IP) net.IPNet {
 // setSysctl writes a sysctl of the current thread's network namespace when
 // it does not already hold the value (writing ip_forward walks every device).
 func setSysctl(name, value string) error {
-	if cur, err := sysctl.Sysctl(name); err == nil && strings.TrimSpace(cur) == value {
+	if cur, err := os.ReadFile(sysctlPath(name)); err == nil && strings.TrimSpace(string(cur)) == value {
 		return nil
 	}
-	if _, err := sysctl.Sysctl(name, value); err != nil {
+	return writeSysctl(name, value)
+}
+
+// writeSysctl writes a sysctl without reading it back (the write fails
+// when the kernel refuses the value).
+func writeSysctl(name, value string) error {
+	if err := os.WriteFile(sysctlPath(name), []byte(value), 0o644); err != nil {
 		return fmt.Errorf("setting sysctl %s=%s: %w", name, value, err)
 	}
 	return nil
 }
+
+func sysctlPath(name string) string { return "/proc/sys/" + name }
 
 // EnableForwarding turns IP forwarding on in the node's namespace (run it
 // there) for the families in use.
@@ -122,50 +129,87 @@ func RemoveStaleHostVeth(name string) (bool, error) {
 	return true, nil
 }
 
-// SetupPod creates the veth pair from inside the pod's namespace with the
-// host end made directly in the node's namespace (nodeNS), gives the host
-// end HostVethMAC, and configures the pod end: addresses, and the routes
-// and neighbour entries of podRoutes. It returns both interfaces for the
-// CNI result. Run it in the node's namespace.
+// SetupPod creates the veth pair from the node's namespace (the caller's,
+// nodeNS), its pod end made directly in the pod's namespace, the host end
+// made up with HostVethMAC, and configures the pod end: addresses, and the
+// routes and neighbour entries of podRoutes. It returns both interfaces for
+// the CNI result. Run it in the node's namespace.
+//
+// Everything is one netlink request where the kernel allows it (name, MTU,
+// MAC, state and the peer's namespace at creation), and the pod's side is
+// written through a netlink socket opened in the pod's namespace, so no
+// thread moves between namespaces (but for IPv6's sysctls).
 func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interface, err error) {
-	hostIf = &current.Interface{Name: w.HostVeth}
-	podIf = &current.Interface{Name: w.IfName, Sandbox: podNS.Path(), Mtu: w.MTU}
-	err = podNS.Do(func(ns.NetNS) error {
-		hv, cv, err := ip.SetupVethWithName(w.IfName, w.HostVeth, w.MTU, "", nodeNS)
-		if err != nil {
-			return fmt.Errorf("creating veth %s (pod) / %s (node): %w", w.IfName, w.HostVeth, err)
-		}
-		if err := nodeNS.Do(func(ns.NetNS) error { return setHostMAC(hv.Name) }); err != nil {
-			return err
-		}
-		hostIf.Mac = HostVethMAC.String()
-		podIf.Mac = cv.HardwareAddr.String()
-		link, err := setupPodAddrs(w)
-		if err != nil {
-			return err
-		}
-		return setupPodRoutes(podRoutes(link.Attrs().Index, hv.Index, w.IPs), w.IfName)
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return hostIf, podIf, nil
+	_, hostIf, podIf, err = setupVeth(podNS, w)
+	return hostIf, podIf, err
 }
 
-// setupPodAddrs brings the pod end up with its addresses (run it in the
-// pod's namespace).
-func setupPodAddrs(w *Wiring) (netlink.Link, error) {
-	link, err := netlinksafe.LinkByName(w.IfName)
+// setupVeth is SetupPod, also returning the host end (with its index).
+func setupVeth(podNS ns.NetNS, w *Wiring) (host netlink.Link, hostIf, podIf *current.Interface, err error) {
+	if host, err = addVeth(podNS, w); err != nil {
+		return nil, nil, nil, err
+	}
+	h, err := netlink.NewHandleAt(netns.NsHandle(podNS.Fd()), unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("opening a netlink socket in the pod's namespace %s: %w", podNS.Path(), err)
+	}
+	defer h.Close()
+	link, err := setupPodAddrs(h, podNS, w)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := setupPodRoutes(h, podRoutes(link.Attrs().Index, host.Attrs().Index, w.IPs), w.IfName); err != nil {
+		return nil, nil, nil, err
+	}
+	hostIf = &current.Interface{Name: w.HostVeth, Mac: HostVethMAC.String()}
+	podIf = &current.Interface{Name: w.IfName, Sandbox: podNS.Path(), Mtu: w.MTU, Mac: link.Attrs().HardwareAddr.String()}
+	return host, hostIf, podIf, nil
+}
+
+// addVeth creates the pair in one request. A link of the host end's name
+// left by an earlier sandbox of the pod is deleted first (RemoveStaleHostVeth)
+// and the creation tried again: looking for one only when the name is
+// taken spares every other ADD a round trip.
+func addVeth(podNS ns.NetNS, w *Wiring) (netlink.Link, error) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name, attrs.MTU, attrs.HardwareAddr, attrs.Flags = w.HostVeth, w.MTU, HostVethMAC, net.FlagUp
+	veth := netlink.NewVeth(attrs)
+	veth.PeerName, veth.PeerNamespace = w.IfName, netlink.NsFd(podNS.Fd())
+	err := netlink.LinkAdd(veth)
+	if errors.Is(err, unix.EEXIST) {
+		var stale bool
+		if stale, err = RemoveStaleHostVeth(w.HostVeth); err != nil {
+			return nil, err
+		}
+		if !stale {
+			return nil, fmt.Errorf("creating veth %s (pod) / %s (node): %s already exists in the pod's namespace %s", w.IfName, w.HostVeth, w.IfName, podNS.Path())
+		}
+		err = netlink.LinkAdd(veth)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("creating veth %s (pod) / %s (node): %w", w.IfName, w.HostVeth, err)
+	}
+	return veth, nil
+}
+
+// setupPodAddrs brings the pod end up with its addresses, through h, a
+// netlink socket in the pod's namespace.
+func setupPodAddrs(h *netlink.Handle, podNS ns.NetNS, w *Wiring) (netlink.Link, error) {
+	link, err := h.LinkByName(w.IfName)
 	if err != nil {
 		return nil, fmt.Errorf("looking up %s in the pod: %w", w.IfName, err)
 	}
 	if _, v6 := families(w.IPs); v6 {
 		// The pod may have IPv6 off by default; its address is set
-		// without DAD so it is usable at once.
-		_ = setSysctl("net/ipv6/conf/"+w.IfName+"/disable_ipv6", "0")
-		_ = setSysctl("net/ipv6/conf/"+w.IfName+"/accept_ra", "0")
+		// without DAD so it is usable at once. /proc/sys shows the
+		// namespace of the thread that opens it.
+		_ = podNS.Do(func(ns.NetNS) error {
+			_ = writeSysctl("net/ipv6/conf/"+w.IfName+"/disable_ipv6", "0")
+			_ = writeSysctl("net/ipv6/conf/"+w.IfName+"/accept_ra", "0")
+			return nil
+		})
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
+	if err := h.LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("bringing %s up in the pod: %w", w.IfName, err)
 	}
 	for _, a := range w.IPs {
@@ -173,38 +217,25 @@ func setupPodAddrs(w *Wiring) (netlink.Link, error) {
 		if a.IP.To4() == nil {
 			addr.Flags = unix.IFA_F_NODAD
 		}
-		if err := netlink.AddrAdd(link, addr); err != nil {
+		if err := h.AddrAdd(link, addr); err != nil {
 			return nil, fmt.Errorf("adding address %s to %s in the pod: %w", a.String(), w.IfName, err)
 		}
 	}
 	return link, nil
 }
 
-// setupPodRoutes writes the pod side of p, neighbour entries then routes
-// (run it in the pod's namespace).
-func setupPodRoutes(p podNet, ifName string) error {
+// setupPodRoutes writes the pod side of p, neighbour entries then routes,
+// through h, a netlink socket in the pod's namespace.
+func setupPodRoutes(h *netlink.Handle, p podNet, ifName string) error {
 	for i, n := range p.Neighs {
-		if err := netlink.NeighSet(&p.Neighs[i]); err != nil {
+		if err := h.NeighSet(&p.Neighs[i]); err != nil {
 			return fmt.Errorf("adding the neighbour entry %s lladdr %s dev %s in the pod: %w", n.IP, n.HardwareAddr, ifName, err)
 		}
 	}
 	for i, r := range p.Routes {
-		if err := netlink.RouteReplace(&p.Routes[i]); err != nil {
+		if err := h.RouteReplace(&p.Routes[i]); err != nil {
 			return fmt.Errorf("adding route %s in the pod: %w", routeString(r, ifName), err)
 		}
-	}
-	return nil
-}
-
-// setHostMAC sets HostVethMAC on the host veth name (run it in the node's
-// namespace).
-func setHostMAC(name string) error {
-	l, err := netlinksafe.LinkByName(name)
-	if err != nil {
-		return fmt.Errorf("looking up host veth %s: %w", name, err)
-	}
-	if err := netlink.LinkSetHardwareAddr(l, HostVethMAC); err != nil {
-		return fmt.Errorf("setting the MAC of host veth %s to %s: %w", name, HostVethMAC, err)
 	}
 	return nil
 }
@@ -218,6 +249,11 @@ func SetupHost(w *Wiring) error {
 	if err != nil {
 		return fmt.Errorf("looking up host veth %s: %w", w.HostVeth, err)
 	}
+	return setupHost(link, w)
+}
+
+// setupHost is SetupHost on the host end link (its index and flags known).
+func setupHost(link netlink.Link, w *Wiring) error {
 	if err := netlink.LinkSetAlias(link, w.Alias); err != nil {
 		return fmt.Errorf("setting the alias of %s: %w", w.HostVeth, err)
 	}
@@ -327,9 +363,12 @@ func DeletePodLink(netnsPath, ifName string) error {
 		return nil
 	}
 	err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
-		err := ip.DelLinkByName(ifName)
-		if err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
-			return err
+		l, err := netlinksafe.LinkByName(ifName)
+		if err == nil {
+			err = netlink.LinkDel(l)
+		}
+		if err != nil && !isNotFound(err) {
+			return fmt.Errorf("deleting %s: %w", ifName, err)
 		}
 		return nil
 	})
