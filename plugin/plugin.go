@@ -179,33 +179,42 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 		return nil, err
 	}
 
-	// The MTU is worked out while IPAM runs.
-	mtuc := make(chan mtuResult, 1)
-	go func() { mtuc <- detectMTU(ctx, c, alloc, log) }()
-	ips, release, err := addIPAM(ctx, c, args.ContainerID, pod, alloc, log)
+	// IPAM runs while the MTU is worked out and the veth made, which
+	// need no address.
+	ipamc := make(chan ipamResult, 1)
+	go func() {
+		var r ipamResult
+		r.ips, r.release, r.err = addIPAM(ctx, c, args.ContainerID, pod, alloc, log)
+		ipamc <- r
+	}()
+	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att)}
+	v, err := prewire(ctx, c, alloc, podNS, w, log)
+	r := <-ipamc
+	if r.err == nil {
+		defer func() {
+			if err != nil {
+				r.release()
+			}
+		}()
+	}
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			release()
-		}
-	}()
-	m := <-mtuc
-	if m.err != nil {
-		return nil, m.err
-	}
-
-	w := &Wiring{HostVeth: hostVeth, IfName: args.IfName, Alias: VethAlias(att), MTU: m.mtu, IPs: addresses(ips)}
-	hostIf, podIf, err := wire(podNS, w, log)
-	if err != nil {
-		return nil, fmt.Errorf("tabby: %w", err)
-	}
+	defer v.Close()
 	defer func() {
 		if err != nil {
 			unwire(hostVeth, log)
 		}
 	}()
+	if r.err != nil {
+		return nil, r.err
+	}
+	ips := r.ips
+	w.IPs = addresses(ips)
+	hostIf, podIf, err := finishWiring(v, w)
+	if err != nil {
+		return nil, fmt.Errorf("tabby: %w", err)
+	}
 	if err = waitPolicy(ctx, c, alloc, pod, args.ContainerID, w.IPs, log); err != nil {
 		return nil, err
 	}
@@ -284,23 +293,45 @@ func delegatedAddresses(c *Config) ([]*current.IPConfig, error) {
 	return ips, nil
 }
 
-// wire makes the pod's veth and routes (w), after forwarding is on. A
-// stale host veth of an earlier sandbox is deleted when its name is in
-// the way. A failure deletes what it made.
-func wire(podNS ns.NetNS, w *Wiring, log *slog.Logger) (hostIf, podIf *current.Interface, err error) {
+type ipamResult struct {
+	ips     []*current.IPConfig
+	release func()
+	err     error
+}
+
+// prewire works out the MTU and makes the veth with its alias: all of the
+// wiring that needs no address. A failure deletes what it made.
+func prewire(ctx context.Context, c *Config, alloc Allocator, podNS ns.NetNS, w *Wiring, log *slog.Logger) (*vethPair, error) {
+	m := detectMTU(ctx, c, alloc, log)
+	if m.err != nil {
+		return nil, m.err
+	}
+	w.MTU = m.mtu
+	v, err := newVeth(podNS, w)
+	if err == nil {
+		err = setAlias(v.host, w)
+		if err != nil {
+			v.Close()
+		}
+	}
+	if err != nil {
+		unwire(w.HostVeth, log)
+		return nil, fmt.Errorf("tabby: %w", err)
+	}
+	return v, nil
+}
+
+// finishWiring writes what needs the pod's addresses (w.IPs), after
+// forwarding is on: the pod end's addresses and routes, the host end's
+// sysctls and routes.
+func finishWiring(v *vethPair, w *Wiring) (hostIf, podIf *current.Interface, err error) {
 	if err := EnableForwarding(families(w.IPs)); err != nil {
 		return nil, nil, err
 	}
-	defer func() {
-		if err != nil {
-			unwire(w.HostVeth, log)
-		}
-	}()
-	host, hostIf, podIf, err := setupVeth(podNS, w)
-	if err != nil {
+	if hostIf, podIf, err = v.setupPod(w); err != nil {
 		return nil, nil, err
 	}
-	if err = setupHost(host, w); err != nil {
+	if err = setupHost(v.host, w); err != nil {
 		return nil, nil, err
 	}
 	return hostIf, podIf, nil

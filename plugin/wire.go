@@ -140,30 +140,56 @@ func RemoveStaleHostVeth(name string) (bool, error) {
 // written through a netlink socket opened in the pod's namespace, so no
 // thread moves between namespaces (but for IPv6's sysctls).
 func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interface, err error) {
-	_, hostIf, podIf, err = setupVeth(podNS, w)
-	return hostIf, podIf, err
+	v, err := newVeth(podNS, w)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer v.Close()
+	return v.setupPod(w)
 }
 
-// setupVeth is SetupPod, also returning the host end (with its index).
-func setupVeth(podNS ns.NetNS, w *Wiring) (host netlink.Link, hostIf, podIf *current.Interface, err error) {
-	if host, err = addVeth(podNS, w); err != nil {
-		return nil, nil, nil, err
-	}
-	h, err := netlink.NewHandleAt(netns.NsHandle(podNS.Fd()), unix.NETLINK_ROUTE)
+// vethPair is a veth pair newVeth made, whose pod end has no address or
+// route yet: everything that needs the pod's addresses comes after.
+type vethPair struct {
+	podNS ns.NetNS
+	// host is the host end (with its index), pod the pod end.
+	host, pod netlink.Link
+	// h is a netlink socket in the pod's namespace.
+	h *netlink.Handle
+}
+
+// newVeth makes the pair (addVeth) and opens the pod's side. Close it.
+func newVeth(podNS ns.NetNS, w *Wiring) (*vethPair, error) {
+	host, err := addVeth(podNS, w)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("opening a netlink socket in the pod's namespace %s: %w", podNS.Path(), err)
+		return nil, err
 	}
-	defer h.Close()
-	link, err := setupPodAddrs(h, podNS, w)
-	if err != nil {
-		return nil, nil, nil, err
+	v := &vethPair{podNS: podNS, host: host}
+	if v.h, err = netlink.NewHandleAt(netns.NsHandle(podNS.Fd()), unix.NETLINK_ROUTE); err != nil {
+		return nil, fmt.Errorf("opening a netlink socket in the pod's namespace %s: %w", podNS.Path(), err)
 	}
-	if err := setupPodRoutes(h, podRoutes(link.Attrs().Index, host.Attrs().Index, w.IPs), w.IfName); err != nil {
-		return nil, nil, nil, err
+	if v.pod, err = v.h.LinkByName(w.IfName); err != nil {
+		v.Close()
+		return nil, fmt.Errorf("looking up %s in the pod: %w", w.IfName, err)
+	}
+	return v, nil
+}
+
+// Close closes the netlink socket in the pod's namespace.
+func (v *vethPair) Close() { v.h.Close() }
+
+// setupPod configures the pod end for w.IPs: up, addresses, neighbour
+// entries and routes. It returns both interfaces for the CNI result.
+func (v *vethPair) setupPod(w *Wiring) (hostIf, podIf *current.Interface, err error) {
+	if err := setupPodAddrs(v.h, v.podNS, v.pod, w); err != nil {
+		return nil, nil, err
+	}
+	if err := setupPodRoutes(v.h, podRoutes(v.pod.Attrs().Index, v.host.Attrs().Index, w.IPs), w.IfName); err != nil {
+		return nil, nil, err
 	}
 	hostIf = &current.Interface{Name: w.HostVeth, Mac: HostVethMAC.String()}
-	podIf = &current.Interface{Name: w.IfName, Sandbox: podNS.Path(), Mtu: w.MTU, Mac: link.Attrs().HardwareAddr.String()}
-	return host, hostIf, podIf, nil
+	podIf = &current.Interface{Name: w.IfName, Sandbox: v.podNS.Path(), Mtu: w.MTU, Mac: v.pod.Attrs().HardwareAddr.String()}
+	return hostIf, podIf, nil
 }
 
 // addVeth creates the pair in one request. A link of the host end's name
@@ -194,11 +220,7 @@ func addVeth(podNS ns.NetNS, w *Wiring) (netlink.Link, error) {
 
 // setupPodAddrs brings the pod end up with its addresses, through h, a
 // netlink socket in the pod's namespace.
-func setupPodAddrs(h *netlink.Handle, podNS ns.NetNS, w *Wiring) (netlink.Link, error) {
-	link, err := h.LinkByName(w.IfName)
-	if err != nil {
-		return nil, fmt.Errorf("looking up %s in the pod: %w", w.IfName, err)
-	}
+func setupPodAddrs(h *netlink.Handle, podNS ns.NetNS, link netlink.Link, w *Wiring) error {
 	if _, v6 := families(w.IPs); v6 {
 		// The pod may have IPv6 off by default; its address is set
 		// without DAD so it is usable at once. /proc/sys shows the
@@ -210,7 +232,7 @@ func setupPodAddrs(h *netlink.Handle, podNS ns.NetNS, w *Wiring) (netlink.Link, 
 		})
 	}
 	if err := h.LinkSetUp(link); err != nil {
-		return nil, fmt.Errorf("bringing %s up in the pod: %w", w.IfName, err)
+		return fmt.Errorf("bringing %s up in the pod: %w", w.IfName, err)
 	}
 	for _, a := range w.IPs {
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.IP, Mask: a.Mask}}
@@ -218,10 +240,10 @@ func setupPodAddrs(h *netlink.Handle, podNS ns.NetNS, w *Wiring) (netlink.Link, 
 			addr.Flags = unix.IFA_F_NODAD
 		}
 		if err := h.AddrAdd(link, addr); err != nil {
-			return nil, fmt.Errorf("adding address %s to %s in the pod: %w", a.String(), w.IfName, err)
+			return fmt.Errorf("adding address %s to %s in the pod: %w", a.String(), w.IfName, err)
 		}
 	}
-	return link, nil
+	return nil
 }
 
 // setupPodRoutes writes the pod side of p, neighbour entries then routes,
@@ -252,10 +274,11 @@ func SetupHost(w *Wiring) error {
 	return setupHost(link, w)
 }
 
-// setupHost is SetupHost on the host end link (its index and flags known).
+// setupHost is SetupHost on the host end link (its index, flags and
+// alias known).
 func setupHost(link netlink.Link, w *Wiring) error {
-	if err := netlink.LinkSetAlias(link, w.Alias); err != nil {
-		return fmt.Errorf("setting the alias of %s: %w", w.HostVeth, err)
+	if err := setAlias(link, w); err != nil {
+		return err
 	}
 	v4, v6 := families(w.IPs)
 	for _, s := range hostSysctls(w.HostVeth, v4, v6) {
@@ -279,6 +302,18 @@ func setupHost(link netlink.Link, w *Wiring) error {
 			return fmt.Errorf("adding route %s: %w", routeString(r, w.HostVeth), err)
 		}
 	}
+	return nil
+}
+
+// setAlias writes w.Alias on the host end unless it holds it already.
+func setAlias(link netlink.Link, w *Wiring) error {
+	if link.Attrs().Alias == w.Alias {
+		return nil
+	}
+	if err := netlink.LinkSetAlias(link, w.Alias); err != nil {
+		return fmt.Errorf("setting the alias of %s: %w", w.HostVeth, err)
+	}
+	link.Attrs().Alias = w.Alias
 	return nil
 }
 
