@@ -122,8 +122,11 @@ func run(d Deps, name, report string, cmd Command, needsIPAM func(*Config) bool)
 		if err != nil {
 			return err
 		}
+		// The report goes over the connection IPAM used, when it was
+		// the agent's.
+		var agent *agentapi.Client
 		if report != "" && d.reports(c) {
-			defer func() { reportCommand(c.AgentSocket, report, start, err) }()
+			defer func() { reportCommand(agent, c.AgentSocket, report, start, err) }()
 		}
 		log := d.Logger
 		if log == nil {
@@ -138,6 +141,7 @@ func run(d Deps, name, report string, cmd Command, needsIPAM func(*Config) bool)
 				log.Debug("handing the command to tabby-ipam, which reaches the API server directly")
 				return ReexecDirect(args, name)
 			}
+			agent, _ = alloc.(*agentapi.Client)
 			d.NewAllocator = func(context.Context, *Config, *slog.Logger) (Allocator, error) { return alloc, aerr }
 		}
 		res, err := cmd(ctx, args, c, d, log)
@@ -411,24 +415,51 @@ func CmdDel(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 	}
 	hostVeth := contract.HostVethName(pod, args.ContainerID, args.IfName)
 	att := Attachment{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}
+	// The veth and the addresses are freed at once: deleting a veth
+	// waits for the kernel to retire the device (about 10 ms), the
+	// release for the API server. The runtime calls DEL once the pod's
+	// containers have stopped, so no packet leaves the old pod meanwhile
+	// (Calico, too, releases the address before it deletes the veth).
+	type unwired struct {
+		deleted bool
+		err     error
+	}
+	vethc := make(chan unwired, 1)
+	go func() {
+		deleted, err := unwireDel(hostVeth, att, args)
+		vethc <- unwired{deleted, err}
+	}()
+	var ipamErr error
+	if c.TabbyIPAM() {
+		_, ipamErr = IPAMDel(ctx, args, c, d, log)
+	} else {
+		ipamErr = invoke.DelegateDel(ctx, c.IPAMType, c.Raw, nil)
+	}
+	u := <-vethc
+	if u.err != nil {
+		return nil, u.err
+	}
+	if ipamErr != nil {
+		return nil, ipamErr
+	}
+	deleted := u.deleted
+	log.Info("deleted", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "vethFound", deleted)
+	return nil, nil
+}
+
+// unwireDel deletes the veth of an attachment: the host end, else the pod
+// end.
+func unwireDel(hostVeth string, att Attachment, args *skel.CmdArgs) (bool, error) {
 	deleted, err := DeleteHostVeth(hostVeth, att)
 	if err != nil {
-		return nil, fmt.Errorf("tabby: %w", err)
+		return false, fmt.Errorf("tabby: %w", err)
 	}
 	if !deleted {
 		if err := DeletePodLink(args.Netns, args.IfName); err != nil {
-			return nil, fmt.Errorf("tabby: deleting %s in the pod: %w", args.IfName, err)
+			return false, fmt.Errorf("tabby: deleting %s in the pod: %w", args.IfName, err)
 		}
 	}
-	if c.TabbyIPAM() {
-		if _, err := IPAMDel(ctx, args, c, d, log); err != nil {
-			return nil, err
-		}
-	} else if err := invoke.DelegateDel(ctx, c.IPAMType, c.Raw, nil); err != nil {
-		return nil, err
-	}
-	log.Info("deleted", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "vethFound", deleted)
-	return nil, nil
+	return deleted, nil
 }
 
 // CmdCheck verifies an attachment against its ADD result: the pod's

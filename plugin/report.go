@@ -23,14 +23,21 @@ func (d Deps) reports(c *Config) bool {
 }
 
 // reportCommand sends the report of a command that started at start and
-// ended with err. It is best effort: the command's result and its error
-// never depend on it.
-func reportCommand(socket, command string, start time.Time, err error) {
+// ended with err, through cl (the command's client of the agent, whose
+// connection is open) or else a new connection to socket. It is best
+// effort: the command's result and its error never depend on it.
+func reportCommand(cl *agentapi.Client, socket, command string, start time.Time, err error) {
 	r := agentapi.CommandReport{Command: command, Result: agentapi.ResultOK, Seconds: time.Since(start).Seconds()}
 	if err != nil {
 		r.Result = agentapi.ResultError
 	}
-	report(socket, r)
+	if cl == nil {
+		report(socket, r)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), reportTimeout)
+	defer cancel()
+	_ = cl.Report(ctx, r)
 }
 
 // report sends r to the agent at socket, ignoring every error.
