@@ -33,6 +33,14 @@ type Allocator interface {
 	Ping(ctx context.Context) error
 }
 
+// A Flusher is an Allocator that may leave writes under way when a call
+// returns (plugin/direct writes a handle while the pod is wired); run
+// waits for them once the command's result is out, before the process
+// exits.
+type Flusher interface {
+	Flush(ctx context.Context)
+}
+
 // Deps are what the commands need from outside the config.
 type Deps struct {
 	// NewAllocator, when set, is the allocator (tests); the choice below is

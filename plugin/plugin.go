@@ -142,6 +142,9 @@ func run(d Deps, name, report string, cmd Command, needsIPAM func(*Config) bool)
 				return ReexecDirect(args, name)
 			}
 			agent, _ = alloc.(*agentapi.Client)
+			if f, ok := alloc.(Flusher); ok {
+				defer f.Flush(ctx)
+			}
 			d.NewAllocator = func(context.Context, *Config, *slog.Logger) (Allocator, error) { return alloc, aerr }
 		}
 		res, err := cmd(ctx, args, c, d, log)

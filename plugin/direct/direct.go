@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/tabbynet/tabby/contract/agentapi"
@@ -33,7 +34,7 @@ func New(_ context.Context, c *plugin.Config, log *slog.Logger) (plugin.Allocato
 	}
 	// The pools are read for the MTU and again to assign: one list serves both.
 	m := ipam.New(ds, ipam.WithLogger(log), ipam.WithPoolListReuse(time.Second))
-	return &allocator{ops: &ipamops.Ops{DS: ds, IPAM: m}, lockFile: c.LockFile}, nil
+	return &allocator{ops: &ipamops.Ops{DS: ds, IPAM: m}, lockFile: c.LockFile, timeout: c.Timeout, log: log, pending: map[string]chan struct{}{}}, nil
 }
 
 // allocator runs ipamops under the node's lock file; its errors are
@@ -41,6 +42,13 @@ func New(_ context.Context, c *plugin.Config, log *slog.Logger) (plugin.Allocato
 type allocator struct {
 	ops      *ipamops.Ops
 	lockFile string
+	timeout  time.Duration
+	log      *slog.Logger
+
+	// pending are the handle writes (IPAMHandle) under way, by handle:
+	// each channel is closed once its write is done.
+	mu      sync.Mutex
+	pending map[string]chan struct{}
 }
 
 func (a *allocator) Assign(ctx context.Context, r agentapi.AssignRequest) ([]agentapi.Address, error) {
@@ -55,14 +63,64 @@ func (a *allocator) Assign(ctx context.Context, r agentapi.AssignRequest) ([]age
 		return nil, err
 	}
 	defer lock.Unlock()
-	as, err := a.ops.IPAM.Assign(ctx, req)
+	as, record, err := a.ops.IPAM.AssignDeferred(ctx, req)
 	if err != nil {
 		return nil, classify(err)
+	}
+	if record != nil {
+		a.recordLater(r.HandleID, record)
 	}
 	return ipamops.Addresses(as), nil
 }
 
+// recordLater writes the handle of an assignment from the node's own
+// blocks while the plugin wires the pod, as tabbyd's agent does
+// (ipam.AssignDeferred): the blocks carry the handle meanwhile, so a
+// process that dies before the write leaks nothing. Flush waits for it
+// before the plugin exits.
+func (a *allocator) recordLater(handleID string, record func(context.Context) error) {
+	done := make(chan struct{})
+	a.mu.Lock()
+	a.pending[handleID] = done
+	a.mu.Unlock()
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), a.timeout)
+		defer cancel()
+		if err := record(ctx); err != nil {
+			a.log.Warn("recording an IPAM handle (its addresses stay findable through the node's blocks)", "handle", handleID, "error", err)
+		}
+	}()
+}
+
+// await waits for the pending handle write of handleID, if any.
+func (a *allocator) await(ctx context.Context, handleID string) {
+	a.mu.Lock()
+	done := a.pending[handleID]
+	a.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// Flush waits for every pending handle write (plugin.Flusher).
+func (a *allocator) Flush(ctx context.Context) {
+	a.mu.Lock()
+	handles := make([]string, 0, len(a.pending))
+	for h := range a.pending {
+		handles = append(handles, h)
+	}
+	a.mu.Unlock()
+	for _, h := range handles {
+		a.await(ctx, h)
+	}
+}
+
 func (a *allocator) ReleaseHandle(ctx context.Context, handleID, node string) error {
+	a.await(ctx, handleID)
 	lock, err := plugin.LockNode(ctx, a.lockFile)
 	if err != nil {
 		return err
@@ -72,6 +130,7 @@ func (a *allocator) ReleaseHandle(ctx context.Context, handleID, node string) er
 }
 
 func (a *allocator) HandleIPs(ctx context.Context, handleID, node string) ([]net.IP, error) {
+	a.await(ctx, handleID)
 	ips, err := a.ops.HandleIPs(ctx, handleID, node)
 	return ips, classify(err)
 }
