@@ -15,11 +15,13 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/contract"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/testnet"
+	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/plugin"
 )
 
@@ -693,6 +695,28 @@ func TestCNIAddFailureLeavesNothing(t *testing.T) {
 	})
 	if err != nil {
 		t.Errorf("the pod's own eth0: %v", err)
+	}
+}
+
+// TestCNIDirectHandleWritten: with no tabbyd, the plugin writes the IPAM
+// handle while it wires the pod (plugin/direct), and the write is done
+// when ADD returns: the handle object holds the pod's address.
+func TestCNIDirectHandleWritten(t *testing.T) {
+	n := newNode(t)
+	n.addPool(t, 4, nil)
+	list := conflist(t, "1.1.0", n.TabbyConf(nil))
+	pod := newPod(t, n, "direct-handle", nil)
+	res := n.mustAdd(t, list, pod)
+	h, err := n.DS.IPAMHandles.Get(context.Background(), ipam.HandleObjectName(pod.HandleID()), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the handle object right after ADD: %v", err)
+	}
+	held := 0
+	for _, c := range h.Spec.Block {
+		held += c
+	}
+	if h.Spec.HandleID != pod.HandleID() || held != len(res.IPs) {
+		t.Errorf("handle %s holds %v, want %d address(es) of handle %s", h.Name, h.Spec.Block, len(res.IPs), pod.HandleID())
 	}
 }
 
