@@ -129,8 +129,8 @@ func RemoveStaleHostVeth(name string) (bool, error) {
 	return true, nil
 }
 
-// SetupPod creates the veth pair from the node's namespace (the caller's,
-// nodeNS), its pod end made directly in the pod's namespace, the host end
+// SetupPod creates the veth pair from the node's namespace (the caller's),
+// its pod end made directly in the pod's namespace, the host end
 // made up with HostVethMAC, and configures the pod end: addresses, and the
 // routes and neighbour entries of podRoutes. It returns both interfaces for
 // the CNI result. Run it in the node's namespace.
@@ -139,7 +139,7 @@ func RemoveStaleHostVeth(name string) (bool, error) {
 // MAC, state and the peer's namespace at creation), and the pod's side is
 // written through a netlink socket opened in the pod's namespace, so no
 // thread moves between namespaces (but for IPv6's sysctls).
-func SetupPod(podNS, nodeNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interface, err error) {
+func SetupPod(podNS ns.NetNS, w *Wiring) (hostIf, podIf *current.Interface, err error) {
 	v, err := newVeth(podNS, w)
 	if err != nil {
 		return nil, nil, err

@@ -166,7 +166,7 @@ func (n *node) addPod(t *testing.T, j int) *pod {
 		IPs: []net.IPNet{*ipNet(netip.PrefixFrom(p.v4, 32)), *ipNet(netip.PrefixFrom(p.v6, 128))},
 	}
 	n.ns.Must(func() error {
-		if _, _, err := plugin.SetupPod(p.ns, n.ns, w); err != nil {
+		if _, _, err := plugin.SetupPod(p.ns, w); err != nil {
 			return err
 		}
 		return plugin.SetupHost(w)

@@ -761,7 +761,7 @@ func wirePod(b *testing.B, node ns.NetNS, p *corev1.Pod) ns.NetNS {
 	}
 	w.IPs = []net.IPNet{{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}}
 	err := netnstest.Thread(node, func() error {
-		if _, _, err := plugin.SetupPod(podNS, node, w); err != nil {
+		if _, _, err := plugin.SetupPod(podNS, w); err != nil {
 			return err
 		}
 		return plugin.SetupHost(w)
