@@ -15,6 +15,9 @@ import (
 // errors name the line (and so the member) the kernel refused.
 type IPSets struct {
 	path string
+	// NoNetlink sends every batch through the ipset program, even a few
+	// member changes (Apply).
+	NoNetlink bool
 }
 
 // NewIPSets uses the ipset program at path ("": found in $PATH).
@@ -40,10 +43,18 @@ type Set struct {
 // Apply runs batch with one `ipset restore`; with exist, adding a member
 // that is there (which also updates its nomatch flag), deleting one that
 // is not and creating a set that exists with the same options are not
-// errors. An empty batch runs nothing.
+// errors. An empty batch runs nothing. A batch of a few member changes
+// (at most NetlinkMax, none nomatch, of sets whose type it was told) goes
+// over netlink instead, in the namespace of the calling thread as ipset
+// would: a label change costs microseconds, not a process.
 func (s *IPSets) Apply(ctx context.Context, batch *SetBatch, exist bool) error {
 	if batch.Empty() {
 		return nil
+	}
+	if !s.NoNetlink {
+		if done, err := s.applyNetlink(ctx, batch, exist); done {
+			return err
+		}
 	}
 	args := []string{"restore"}
 	if exist {
@@ -173,12 +184,39 @@ func ParseIPSetSave(save, prefix string) (map[string]*Set, error) {
 type SetBatch struct {
 	n int
 	b strings.Builder
+	// ops are the member changes, for netlink, while there are at most
+	// NetlinkMax; other says the batch holds something else (a create, a
+	// destroy, a nomatch member), which only restore carries.
+	ops   []memberOp
+	other bool
+	// types are the set types Typed told.
+	types map[string]string
+}
+
+// Typed tells the batch the type of set name (hash:ip …): members of sets
+// of known type may go over netlink.
+func (b *SetBatch) Typed(name, typ string) {
+	if b.types == nil {
+		b.types = map[string]string{}
+	}
+	b.types[name] = typ
 }
 
 func (b *SetBatch) words(w ...string) {
 	b.b.WriteString(strings.Join(w, " "))
 	b.b.WriteByte('\n')
 	b.n++
+	b.other = true
+}
+
+// op records a member change for netlink.
+func (b *SetBatch) op(del bool, name, member string, nomatch bool) {
+	if nomatch || b.other || len(b.ops) >= NetlinkMax {
+		b.other = true
+		b.ops = nil
+		return
+	}
+	b.ops = append(b.ops, memberOp{del: del, set: name, member: member})
 }
 
 // Create creates set name of type typ and family (inet, inet6); options
@@ -190,6 +228,7 @@ func (b *SetBatch) Create(name, typ, family string, options ...string) {
 // Add adds member (as `ipset save` prints it) to set name.
 // It writes straight into the batch: a policy sync adds up to a million.
 func (b *SetBatch) Add(name, member string, nomatch bool) {
+	b.op(false, name, member, nomatch)
 	b.member("add ", name, member)
 	if nomatch {
 		b.b.WriteString(" nomatch")
@@ -199,6 +238,7 @@ func (b *SetBatch) Add(name, member string, nomatch bool) {
 
 // Del deletes member from set name.
 func (b *SetBatch) Del(name, member string) {
+	b.op(true, name, member, false)
 	b.member("del ", name, member)
 	b.b.WriteByte('\n')
 }
@@ -218,6 +258,14 @@ func (b *SetBatch) Destroy(name string) { b.words("destroy", name) }
 func (b *SetBatch) Append(o *SetBatch) {
 	b.b.WriteString(o.b.String())
 	b.n += o.n
+	for name, typ := range o.types {
+		b.Typed(name, typ)
+	}
+	if b.other || o.other || len(b.ops)+len(o.ops) > NetlinkMax {
+		b.other, b.ops = true, nil
+		return
+	}
+	b.ops = append(b.ops, o.ops...)
 }
 
 // Empty says the batch has no line.

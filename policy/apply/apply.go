@@ -53,6 +53,10 @@ type Options struct {
 	DisableIPv6 bool
 	// IPSet is the ipset binary; "": looked up in $PATH.
 	IPSet string
+	// IPSetNoNetlink makes every set change run the ipset binary; by
+	// default a change of a few members goes over netlink, which is
+	// about a hundred times faster than starting ipset.
+	IPSetNoNetlink bool
 	// LockWait is how many seconds iptables waits for the xtables lock;
 	// 0 means 10.
 	LockWait int
@@ -77,6 +81,10 @@ type Applier struct {
 	lastRead time.Time
 	sets     map[string]*netfilter.Set
 	tmpSeq   int
+	// inSync maps a set to the wantSet the last syncSets brought it to:
+	// the same wantSet again (validate takes an unchanged set over) is
+	// not compared member by member. Reading the kernel forgets it.
+	inSync map[string]*wantSet
 
 	// last is the most recent desired state, for CheckJumps.
 	last *desired
@@ -147,6 +155,7 @@ func New(opts Options) (*Applier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("NetworkPolicy: %w", err)
 	}
+	ipsets.NoNetlink = opts.IPSetNoNetlink
 	a.ipsets = ipsets
 	if opts.Backend != nil {
 		a.backend = *opts.Backend
@@ -186,12 +195,12 @@ func (a *Applier) Backend() iptbackend.Backend { return a.backend }
 // failure's, and the next Apply starts from reading the kernel.
 func (a *Applier) Apply(ctx context.Context, rs *policy.Ruleset) (Stats, error) {
 	start := time.Now()
-	d, err := validate(rs, a.skip)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, err := validate(rs, a.skip, a.last)
 	if err != nil {
 		return Stats{}, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	a.last = d
 	var st Stats
 	read := !a.known || a.resync < 0 || time.Since(a.lastRead) >= a.resync
@@ -249,23 +258,41 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 	}
 
 	t = time.Now()
+	var written [2][]string
 	for _, f := range a.fams {
 		if f == nil {
 			continue
 		}
-		if err := a.writeChains(ctx, f, &d.fams[f.idx], alias, st); err != nil {
+		w := &d.fams[f.idx]
+		written[f.idx], err = a.writeChains(ctx, f, w, alias, foldableStale(f, w, current[f.idx] != nil, alias), st)
+		if err != nil {
 			st.ChainsTime += time.Since(t)
 			return nil, err
 		}
 	}
 	st.ChainsTime += time.Since(t)
 
+	// The members leaving their sets go as soon as the chains are in
+	// place, before the chains are read back: that is when the kernel
+	// enforces the new Ruleset.
 	t = time.Now()
 	err = a.removeMembers(ctx, dels)
 	st.SetsTime += time.Since(t)
 	if err != nil {
 		return nil, err
 	}
+
+	t = time.Now()
+	for _, f := range a.fams {
+		if f == nil {
+			continue
+		}
+		if err := a.readBack(ctx, f, written[f.idx]); err != nil {
+			st.ChainsTime += time.Since(t)
+			return nil, err
+		}
+	}
+	st.ChainsTime += time.Since(t)
 
 	t = time.Now()
 	for _, f := range a.fams {
@@ -315,6 +342,7 @@ func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error
 		builtins[f.idx] = ft.builtins
 	}
 	a.sets = sets
+	a.inSync = nil
 	a.known = true
 	a.lastRead = time.Now()
 	return builtins, nil

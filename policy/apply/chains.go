@@ -11,12 +11,15 @@ import (
 // writeChains writes, in one iptables-restore --noflush transaction, every
 // wanted chain that is new, differs from what the applier last wrote, or
 // was found changed in the kernel; sets being replaced are named by their
-// stand-ins (alias).
+// stand-ins (alias). The chains stale lists (not wanted, and no jump goes
+// to them) are flushed and deleted in the same transaction, after the
+// chains that named them are rewritten: one restore, not two.
 // Declaring a chain (":NAME - [0:0]") flushes it; the chains not named are
 // left as they are, and so is everything else in the table. With nothing to
-// write, no command runs. Afterwards the table is read back, so that the
-// next kernel read can tell tabby's content from a change behind its back.
-func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, alias map[string]string, st *Stats) error {
+// write, no command runs. It returns the chains written, which the caller
+// reads back (readBack) so that the next kernel read can tell tabby's
+// content from a change behind its back.
+func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, alias map[string]string, stale []string, st *Stats) ([]string, error) {
 	var write []string
 	rules := map[string][][]string{}
 	for _, name := range w.order {
@@ -30,8 +33,8 @@ func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, ali
 			rules[name] = want
 		}
 	}
-	if len(write) == 0 {
-		return nil
+	if len(write)+len(stale) == 0 {
+		return nil, nil
 	}
 	tx := netfilter.NewTx("filter")
 	for _, name := range write {
@@ -42,16 +45,26 @@ func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, ali
 			tx.Append(name, r)
 		}
 	}
+	deleteChains(tx, stale)
 	st.Restores++
 	if err := f.ipt.Apply(ctx, tx); err != nil {
-		return fmt.Errorf("writing %d %s policy chains: %w", len(write), f.name, err)
+		return nil, fmt.Errorf("writing %d %s policy chains (and removing %d no longer wanted): %w", len(write), f.name, len(stale), err)
 	}
 	st.ChainsWritten += len(write)
+	st.ChainsDeleted += len(stale)
+	for _, name := range stale {
+		delete(f.chains, name)
+	}
 	for _, name := range write {
 		f.chains[name] = &kernelChain{written: true, want: rules[name]}
 	}
-	// Read back: a few chains one by one (iptables -S prints a rule as
-	// iptables-save does), many with one iptables-save.
+	return write, nil
+}
+
+// readBack remembers how the kernel prints the chains just written: a few
+// one by one (iptables -S prints a rule as iptables-save does), many with
+// one iptables-save.
+func (a *Applier) readBack(ctx context.Context, f *family, write []string) error {
 	if len(write) <= readBackOneByOne {
 		for _, name := range write {
 			lines, err := a.listRules(f, name)
@@ -76,6 +89,31 @@ func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, ali
 		f.chains[name].kernel = lines
 	}
 	return nil
+}
+
+// foldableStale are the chains of f that w does not want, when they can
+// go in the transaction that writes the wanted ones: the jumps into them
+// are known to be as wanted (so none goes to a stale chain) and no set is
+// being replaced. nil otherwise: deleteStaleChains removes them after the
+// jumps are synced.
+func foldableStale(f *family, w *wantFamily, kernelRead bool, alias map[string]string) []string {
+	if kernelRead || len(alias) > 0 {
+		return nil
+	}
+	for _, b := range builtins {
+		known := f.jumps[b]
+		if known == nil || !equalRules(known.want, w.jumps[b]) {
+			return nil
+		}
+	}
+	var stale []string
+	for name := range f.chains {
+		if _, ok := w.chains[name]; !ok {
+			stale = append(stale, name)
+		}
+	}
+	slices.Sort(stale)
+	return stale
 }
 
 // chainsChange says whether writeChains has chains to write in some

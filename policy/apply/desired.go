@@ -45,6 +45,9 @@ type wantSet struct {
 	family string
 	// members maps a member, as `ipset save` prints it, to its nomatch flag.
 	members map[string]bool
+	// src are the members as the Ruleset listed them: a set listed the
+	// same in the next Ruleset is this wantSet again, not parsed anew.
+	src []string
 }
 
 type wantFamily struct {
@@ -58,11 +61,18 @@ type wantFamily struct {
 // accept and returns it as a desired state. Families not programmed
 // (skip[f]) are left out. Every problem is reported, not just the first:
 // a Ruleset that fails here is a compiler bug, and nothing of it is applied.
-func validate(rs *policy.Ruleset, skip [2]bool) (*desired, error) {
+//
+// prev (may be nil) is the previous desired state: a set listed exactly as
+// there is taken over (the same *wantSet) rather than parsed again, which
+// is what makes a Ruleset that changed a few members cheap to check.
+func validate(rs *policy.Ruleset, skip [2]bool, prev *desired) (*desired, error) {
 	if rs == nil {
 		return nil, errors.New("no Ruleset (nil)")
 	}
 	v := &validator{d: &desired{sets: map[string]*wantSet{}}, skip: skip, infos: make(map[string]setInfo, len(rs.Sets))}
+	if prev != nil {
+		v.prev = prev.sets
+	}
 	for _, s := range rs.Sets {
 		v.set(s)
 	}
@@ -94,6 +104,7 @@ type validator struct {
 	skip  [2]bool
 	infos map[string]setInfo
 	errs  []error
+	prev  map[string]*wantSet
 }
 
 func (v *validator) bad(format string, args ...any) {
@@ -138,7 +149,14 @@ func (v *validator) set(s policy.Set) {
 		v.bad("set %s is listed twice", s.Name)
 		return
 	}
-	w := &wantSet{name: s.Name, typ: s.Type, family: s.Family, members: make(map[string]bool, len(s.Members))}
+	if w := v.prev[s.Name]; w != nil && w.typ == s.Type && w.family == s.Family && slices.Equal(w.src, s.Members) {
+		if !v.skip[fam] {
+			v.d.sets[s.Name] = w
+			v.d.setNames = append(v.d.setNames, s.Name)
+		}
+		return
+	}
+	w := &wantSet{name: s.Name, typ: s.Type, family: s.Family, members: make(map[string]bool, len(s.Members)), src: s.Members}
 	for _, m := range s.Members {
 		keys, nomatch, err := normalizeMember(s.Type, fam, m)
 		if err != nil {

@@ -106,7 +106,7 @@ func TestValidate(t *testing.T) {
 			Jumps: []policy.Jump{{Chain: "FORWARD", Rule: rules("-j TABBY-NP-FORWARD")[0]}},
 		}
 	}
-	d, err := validate(good(), [2]bool{})
+	d, err := validate(good(), [2]bool{}, nil)
 	if err != nil {
 		t.Fatalf("validate(good) = %v", err)
 	}
@@ -123,7 +123,7 @@ func TestValidate(t *testing.T) {
 		t.Errorf("chain order = %v", d.fams[v4].order)
 	}
 	// IPv6 off: no inet6 sets or IPv6 chains, and a jump checked in IPv4 only.
-	d, err = validate(good(), [2]bool{v6: true})
+	d, err = validate(good(), [2]bool{v6: true}, nil)
 	if err != nil || d.sets["tabby-np-p6-a"] != nil || len(d.fams[v6].chains) != 0 || len(d.fams[v6].jumps) != 0 {
 		t.Errorf("validate without IPv6 = %v, %+v", err, d)
 	}
@@ -178,7 +178,7 @@ func TestValidate(t *testing.T) {
 				rs = good()
 				c.break_(rs)
 			}
-			_, err := validate(rs, [2]bool{})
+			_, err := validate(rs, [2]bool{}, nil)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("validate = %v, want an error containing %q", err, c.want)
 			}

@@ -339,7 +339,8 @@ func testMembersLeaveAfterChains(t *testing.T, b iptbackend.Backend) {
 	}
 	logged := b
 	logged.IPTablesRestore, logged.IP6TablesRestore = wrap(b.IPTablesRestore), wrap(b.IP6TablesRestore)
-	n := newNode(t, logged, apply.Options{IPSet: wrap(ipsetPath)})
+	// The ipset program for every change, so that the log shows the order.
+	n := newNode(t, logged, apply.Options{IPSet: wrap(ipsetPath), IPSetNoNetlink: true})
 
 	const m4, m6 = "10.244.0.5,tab5", "fd00::5,tab5"
 	ruleset := func(old, new [2][]string, newRule bool) *policy.Ruleset {

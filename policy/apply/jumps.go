@@ -171,7 +171,7 @@ func (a *Applier) Cleanup(ctx context.Context) (Stats, error) {
 	start := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.known, a.last, a.sets = false, nil, nil
+	a.known, a.last, a.sets, a.inSync = false, nil, nil, nil
 	var st Stats
 	var errs []error
 	for _, f := range a.fams {
@@ -213,7 +213,7 @@ func (a *Applier) Cleanup(ctx context.Context) (Stats, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	a.sets = nil
+	a.sets, a.inSync = nil, nil
 	st.Total = time.Since(start)
 	return st, errors.Join(errs...)
 }

@@ -67,6 +67,12 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 			create(name, w)
 			continue
 		}
+		if a.inSync[name] == w {
+			next[name] = k // the same wantSet the last sync put there
+			continue
+		}
+		adds.Typed(name, string(w.typ))
+		dels.Typed(name, string(w.typ))
 		plus, minus := memberDiff(k, w)
 		for _, m := range plus {
 			adds.Add(name, m, w.members[m]) // with -exist, also updates nomatch in place
@@ -100,6 +106,12 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 		return nil, nil, nil, fmt.Errorf("updating the ipsets: %w", err)
 	}
 	a.sets = next
+	a.inSync = make(map[string]*wantSet, len(d.setNames))
+	for _, name := range d.setNames {
+		if _, moved := alias[name]; !moved {
+			a.inSync[name] = d.sets[name]
+		}
+	}
 	st.SetsCreated += created
 	st.SetsUpdated += updated
 	st.MembersAdded += added
