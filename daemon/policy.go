@@ -57,7 +57,7 @@ func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 		// ClusterNetworkPolicy is always on: without its CRD the
 		// client lists none.
 		ClusterPolicies: cpc,
-		Compile:         policy.Compile,
+		Compile:         policy.NewIncremental().Compile, // a change recompiles what it touches
 		Applier:         a,
 		DenyUnlisted:    cfg.PolicyDenyUnlisted,
 		Limits:          cfg.PolicyLimits,

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/tabbynet/tabby/contract"
@@ -46,6 +47,10 @@ func Compile(in *Input) *Ruleset {
 	if in == nil {
 		in = &Input{}
 	}
+	return newCompiler(in).run()
+}
+
+func newCompiler(in *Input) *compiler {
 	c := &compiler{
 		in:       in,
 		prefix:   in.HostVethPrefix,
@@ -63,6 +68,10 @@ func Compile(in *Input) *Ruleset {
 	if !validIfaceChars(c.prefix, 14) {
 		c.prefix = DefaultHostVethPrefix
 	}
+	return c
+}
+
+func (c *compiler) run() *Ruleset {
 	c.loadNamespaces()
 	c.loadEndpoints()
 	c.loadPolicies()
@@ -101,6 +110,13 @@ type compiler struct {
 	netMemo  map[string]*[2][]string
 	stamp    []int // per endpoint, for de-duplicating set members
 	stampGen int
+
+	// With an Incremental: its memory, what this compile keeps of it
+	// (next…), and where the sets a policy's rules name are recorded.
+	memo         *Incremental
+	nextPolicies map[*networkingv1.NetworkPolicy]*policyMemo
+	nextPods     map[*corev1.Pod]*podMemo
+	rec          *[]setUse
 }
 
 type endpoint struct {
@@ -108,7 +124,8 @@ type endpoint struct {
 	key, ns string
 	pod     *corev1.Pod
 	labels  labels.Set
-	ranks   []int // indexes into compiler.addrs
+	ranks   []int     // indexes into compiler.addrs
+	ports   []podPort // its named ports (namedPorts)
 	iface   string
 	local   bool
 	in, eg  []*cpolicy // policies selecting the local pod
@@ -212,7 +229,9 @@ func (c *compiler) loadEndpoints() {
 		if r.ep.HostIface != "" {
 			c.claimIface(ep, r.ep.HostIface, ifaces)
 		}
-		gk := labelKey(ep.ns, ep.labels)
+		pm := c.podMemoOf(ep)
+		ep.ports = pm.ports
+		gk := pm.group
 		joinGroup(groups, c.byNs, gk, ep)
 		if ep.local {
 			joinGroup(groups, c.localNs, "L"+gk, ep)
@@ -324,32 +343,45 @@ func (c *compiler) rankAddrs(ips []addrRef) {
 	}
 }
 
-// addNamedPorts lists ep's named ports in c.named: the first port of a
-// name and protocol in the pod's containers, then its sidecars, as
-// Kubernetes resolves them.
+// addNamedPorts lists ep's named ports in c.named.
 func (c *compiler) addNamedPorts(ep *endpoint) {
-	seen := map[string]bool{}
+	for _, p := range ep.ports {
+		c.named[p.name] = append(c.named[p.name], namedEntry{ranks: ep.ranks, local: ep.local, proto: p.proto, port: p.port})
+	}
+}
+
+// podPort is a named container port of a pod.
+type podPort struct {
+	name, proto string
+	port        int32
+}
+
+// namedPorts are a pod's named ports: the first port of a name and
+// protocol in the pod's containers, then its sidecars, as Kubernetes
+// resolves them.
+func namedPorts(pod *corev1.Pod) []podPort {
+	var out []podPort
 	add := func(ports []corev1.ContainerPort) {
 		for _, p := range ports {
 			if p.Name == "" || p.ContainerPort < 1 || p.ContainerPort > 65535 {
 				continue
 			}
 			proto, ok := protoName(p.Protocol)
-			if !ok || seen[p.Name+"/"+proto] {
+			if !ok || slices.ContainsFunc(out, func(x podPort) bool { return x.name == p.Name && x.proto == proto }) {
 				continue
 			}
-			seen[p.Name+"/"+proto] = true
-			c.named[p.Name] = append(c.named[p.Name], namedEntry{ranks: ep.ranks, local: ep.local, proto: proto, port: p.ContainerPort})
+			out = append(out, podPort{name: p.Name, proto: proto, port: p.ContainerPort})
 		}
 	}
-	for _, ct := range ep.pod.Spec.Containers {
+	for _, ct := range pod.Spec.Containers {
 		add(ct.Ports)
 	}
-	for _, ct := range ep.pod.Spec.InitContainers {
+	for _, ct := range pod.Spec.InitContainers {
 		if ct.RestartPolicy != nil && *ct.RestartPolicy == corev1.ContainerRestartPolicyAlways {
 			add(ct.Ports)
 		}
 	}
+	return out
 }
 
 // protoName is the iptables and ipset name of a protocol; "" is TCP.

@@ -405,7 +405,7 @@ func (c *compiler) policyChains(p *cpolicy) {
 		return
 	}
 	over, limit := c.limitedRules(p.used, &p.rules, func(dir direction, fam int) [][]string {
-		return c.policyRules(p.rulesOf(dir), dir, fam)
+		return c.policyRulesOf(p, dir, fam)
 	})
 	if over == "" {
 		return
@@ -583,6 +583,7 @@ func portRanges(proto string, ranges [][2]int32) [][]string {
 // are keyed by the group's key, so every rule (of any policy, in any
 // namespace) with the same group shares one.
 func (c *compiler) podSet(g *podGroup, fam int) string {
+	c.record(func(c *compiler) { c.podSet(g, fam) })
 	ps := c.podSets[g.key]
 	if ps == nil {
 		ps = &podSet{}
@@ -691,6 +692,7 @@ func (c *compiler) ruleNets(r *crule) *[2][]string {
 
 // netSet names the hash:net set holding exactly these CIDRs.
 func (c *compiler) netSet(members []string, fam int) string {
+	c.record(func(c *compiler) { c.netSet(members, fam) })
 	name := setName(setKindNets, fam, members...)
 	if c.made[name] == nil {
 		c.made[name] = &Set{Name: name, Type: SetHashNet, Family: families[fam], Members: members}
@@ -723,6 +725,7 @@ func (c *compiler) addIfaceSet(name string, fam int, eps []*endpoint) {
 // cluster, and pods elsewhere never change it. Each is made only when a
 // rule of its direction names the port.
 func (c *compiler) namedSet(port string, fam int, ingress bool) string {
+	c.record(func(c *compiler) { c.namedSet(port, fam, ingress) })
 	kind := byte(setKindNamed)
 	if ingress {
 		kind = setKindLocal

@@ -25,6 +25,8 @@ type cpolicy struct {
 	// rules are the rules of its chains by direction and family; none
 	// when it is over the limits.
 	rules [directions][2][][]string
+	// memo is what an Incremental keeps of the policy (nil without one).
+	memo *policyMemo
 }
 
 // direction is the direction of traffic a policy chain or a dispatch
@@ -110,7 +112,7 @@ func (c *compiler) loadPolicies() {
 		if i > 0 && rs[i-1].key == r.key {
 			continue
 		}
-		if cp := c.checkPolicy(r.p); cp != nil {
+		if cp := c.checkedPolicy(r.p); cp != nil {
 			c.policies = append(c.policies, cp)
 		}
 	}

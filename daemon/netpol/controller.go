@@ -74,7 +74,9 @@ const (
 	ReasonNotEnforced = "NotEnforced"
 )
 
-// Compiler is policy.Compile: the whole ruleset of a node from its input.
+// Compiler is policy.Compile, or the Compile of a policy.Incremental
+// (tabbyd's): the whole ruleset of a node from its input. The loop calls
+// it from one goroutine.
 type Compiler func(*policy.Input) *policy.Ruleset
 
 // Applier makes the kernel match a ruleset: *apply.Applier, which must

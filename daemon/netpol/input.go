@@ -77,10 +77,17 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 			e.ips = append(e.ips, ip)
 		})
 	}
-	for _, e := range byKey {
-		if len(e.ips) == 0 {
-			continue
+	// Sorted by key, each key made once (not in every comparison).
+	keys := make([]string, 0, len(byKey))
+	for k, e := range byKey {
+		if len(e.ips) > 0 {
+			keys = append(keys, k)
 		}
+	}
+	slices.Sort(keys)
+	in.Endpoints = make([]policy.Endpoint, 0, len(keys))
+	for _, k := range keys {
+		e := byKey[k]
 		slices.SortFunc(e.ips, func(a, b netip.Addr) int { return a.Compare(b) })
 		ep := policy.Endpoint{Pod: e.pod, IPs: slices.Compact(e.ips)}
 		if node != "" && e.pod.Spec.NodeName == node {
@@ -88,9 +95,6 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 		}
 		in.Endpoints = append(in.Endpoints, ep)
 	}
-	slices.SortFunc(in.Endpoints, func(a, b policy.Endpoint) int {
-		return strings.Compare(a.Pod.Namespace+"/"+a.Pod.Name, b.Pod.Namespace+"/"+b.Pod.Name)
-	})
 	return in
 }
 

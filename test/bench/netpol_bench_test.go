@@ -424,7 +424,7 @@ type runningController struct {
 	reg *prometheus.Registry
 }
 
-// startController runs the controller as tabbyd does (policy.Compile, the
+// startController runs the controller as tabbyd does (policy.Incremental, the
 // applier of the backend detected in the node, deny-unlisted, default
 // resync and jump check) with its loop on a thread in netns, until the
 // benchmark ends; then it removes what it programmed.
@@ -444,7 +444,7 @@ func startController(b *testing.B, netns *netnstest.NS) *runningController {
 		if r.a, err = apply.New(apply.Options{Logger: quiet}); err != nil {
 			return err
 		}
-		r.c, err = netpol.New(netpol.Config{Node: npNode, DS: ds, Policies: pc, Compile: policy.Compile, Applier: r.a,
+		r.c, err = netpol.New(netpol.Config{Node: npNode, DS: ds, Policies: pc, Compile: policy.NewIncremental().Compile, Applier: r.a,
 			DenyUnlisted: true, Registerer: r.reg})
 		return err
 	}, func(ctx context.Context) error {

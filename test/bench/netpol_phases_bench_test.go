@@ -12,7 +12,7 @@ import (
 // BenchmarkNetpolFlipPhases: where a label flip's time goes on tabbyd's
 // path without the API server: building the compiler's input from the
 // cluster's objects (netpol.BuildInput, as the controller does from its
-// informers), compiling (policy.Compile) and applying (policy/apply, with
+// informers), compiling (policy.Incremental, as tabbyd) and applying (policy/apply, with
 // its own phases) in a node namespace, 1,000 policies / 5,000 pods. Each
 // iteration flips the pod's labels, as BenchmarkNetpolLabelFlip does, by
 // replacing the Pod object (informers hand out new objects).
@@ -21,7 +21,8 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 	w := newNPWorld(5000, 1000, 100)
 	netns := netnstest.New(b, "np-phases")
 	a := newApplier(b, netns, nil)
-	if _, err := applyIn(netns, a, policy.Compile(w.input())); err != nil {
+	inc := policy.NewIncremental()
+	if _, err := applyIn(netns, a, inc.Compile(w.input())); err != nil {
 		b.Fatal(err)
 	}
 	var remote, local, other int = -1, -1, -1
@@ -57,7 +58,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 				t0 := time.Now()
 				in := w.input()
 				t1 := time.Now()
-				rs := policy.Compile(in)
+				rs := inc.Compile(in)
 				t2 := time.Now()
 				st, err := applyIn(netns, a, rs)
 				if err != nil {
@@ -84,7 +85,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 				p := w.Pods[c.pod].DeepCopy()
 				p.Labels = labels[0]
 				w.Pods[c.pod] = p
-				if _, err := applyIn(netns, a, policy.Compile(w.input())); err != nil {
+				if _, err := applyIn(netns, a, inc.Compile(w.input())); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,0 +1,145 @@
+package policy
+
+import (
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// Incremental is Compile with a memory of the previous compile, for a
+// caller (tabbyd's NetworkPolicy loop) that compiles the same cluster
+// again and again as it changes a little. What the compiler works out of
+// one object alone is kept, keyed by the object (its pointer: informers
+// hand out a new object for every change and never modify one), and
+// reused while the next Input holds the same object:
+//
+//   - of a NetworkPolicy: its checked form and the problems found in it,
+//     and the rules of its chains with the sets they name (the rules do
+//     not depend on pods: set names hash selectors, CIDRs and port names);
+//   - of a Pod: its label group and its named ports.
+//
+// What depends on several objects is worked out afresh every time, and
+// is cheap: which policies select which local pods, the members of every
+// set (a set of selector peers is a scan of label groups, not of pods),
+// the limits, the dispatch. So a pod, label or namespace change costs
+// the sets and signatures it touches plus a pass over groups, and a
+// policy change costs that policy. The result is always the Ruleset
+// Compile makes of the same Input (TestIncrementalEqualsCompile checks it
+// on random change sequences). Objects no longer in the Input are
+// forgotten. An Incremental is not safe for concurrent use, and the
+// Rulesets it returns share their unchanged rules: treat them as
+// read-only.
+type Incremental struct {
+	policies map[*networkingv1.NetworkPolicy]*policyMemo
+	pods     map[*corev1.Pod]*podMemo
+}
+
+// NewIncremental returns an Incremental with nothing in memory.
+func NewIncremental() *Incremental { return &Incremental{} }
+
+// Compile is Compile(in), reusing what the last call worked out.
+func (x *Incremental) Compile(in *Input) *Ruleset {
+	if in == nil {
+		in = &Input{}
+	}
+	c := newCompiler(in)
+	c.memo = x
+	c.nextPolicies = make(map[*networkingv1.NetworkPolicy]*policyMemo, len(in.Policies))
+	c.nextPods = make(map[*corev1.Pod]*podMemo, len(in.Endpoints))
+	rs := c.run()
+	x.policies, x.pods = c.nextPolicies, c.nextPods
+	return rs
+}
+
+// Forget drops everything Incremental keeps: the next Compile starts
+// from nothing.
+func (x *Incremental) Forget() { x.policies, x.pods = nil, nil }
+
+// policyMemo is what a NetworkPolicy compiles to on its own.
+type policyMemo struct {
+	cp       *cpolicy // nil: not enforced at all; else a template
+	problems []Problem
+	// have says the rules (and sets) of a direction are known.
+	have  [directions]bool
+	rules [directions][2][][]string
+	sets  [directions][2][]setUse
+}
+
+// setUse makes (in the compiler at hand) a set a policy's rules name.
+type setUse func(c *compiler)
+
+// podMemo is what a Pod compiles to on its own.
+type podMemo struct {
+	group string // labelKey of its namespace and labels
+	ports []podPort
+}
+
+// checkedPolicy is checkPolicy(p), from memory when p was checked before.
+// The cpolicy is a copy the compile may change (used, rules).
+func (c *compiler) checkedPolicy(p *networkingv1.NetworkPolicy) *cpolicy {
+	if c.memo == nil {
+		return c.checkPolicy(p)
+	}
+	m := c.memo.policies[p]
+	if m == nil {
+		n := len(c.rs.Problems)
+		m = &policyMemo{cp: c.checkPolicy(p), problems: slices.Clone(c.rs.Problems[n:])}
+	} else {
+		c.rs.Problems = append(c.rs.Problems, m.problems...)
+	}
+	c.nextPolicies[p] = m
+	if m.cp == nil {
+		return nil
+	}
+	cp := *m.cp
+	cp.memo = m
+	return &cp
+}
+
+// policyRulesOf are policyRules of p in dir and fam, with the sets they
+// name made and used: from memory when known.
+func (c *compiler) policyRulesOf(p *cpolicy, dir direction, fam int) [][]string {
+	m := p.memo
+	if m == nil {
+		return c.policyRules(p.rulesOf(dir), dir, fam)
+	}
+	if m.have[dir] {
+		for _, use := range m.sets[dir][fam] {
+			use(c)
+		}
+		return m.rules[dir][fam]
+	}
+	c.rec = &m.sets[dir][fam]
+	*c.rec = nil
+	rules := c.policyRules(p.rulesOf(dir), dir, fam)
+	c.rec = nil
+	m.rules[dir][fam] = rules
+	if fam == len(families)-1 {
+		m.have[dir] = true
+	}
+	return rules
+}
+
+// record notes, while a policy's rules are made, how to make a set they
+// name again.
+func (c *compiler) record(use setUse) {
+	if c.rec != nil {
+		*c.rec = append(*c.rec, use)
+	}
+}
+
+// podMemoOf is what ep's pod compiles to on its own.
+func (c *compiler) podMemoOf(ep *endpoint) *podMemo {
+	if c.memo != nil {
+		if m := c.memo.pods[ep.pod]; m != nil {
+			c.nextPods[ep.pod] = m
+			return m
+		}
+	}
+	m := &podMemo{group: labelKey(ep.ns, ep.labels), ports: namedPorts(ep.pod)}
+	if c.memo != nil {
+		c.nextPods[ep.pod] = m
+	}
+	return m
+}
