@@ -229,7 +229,7 @@ func (c *compiler) loadEndpoints() {
 		if r.ep.HostIface != "" {
 			c.claimIface(ep, r.ep.HostIface, ifaces)
 		}
-		pm := c.podMemoOf(ep)
+		pm := c.podMemoOf(pod)
 		ep.ports = pm.ports
 		gk := pm.group
 		joinGroup(groups, c.byNs, gk, ep)
@@ -238,7 +238,7 @@ func (c *compiler) loadEndpoints() {
 		}
 		c.nsLabelsOf(ep.ns)
 	}
-	c.rankAddrs(ips)
+	c.rankAddrsOnce(ips)
 	c.stamp = make([]int, len(c.eps))
 	for _, ep := range c.eps {
 		if len(ep.ranks) > 0 {
@@ -256,9 +256,12 @@ func (c *compiler) sortedEndpoints() []endpointIn {
 		if e.Pod == nil || e.Pod.Spec.HostNetwork {
 			continue // hostNetwork pods are the node, not endpoints
 		}
-		rs = append(rs, endpointIn{e, e.Pod.Namespace + "/" + e.Pod.Name})
+		rs = append(rs, endpointIn{e, c.podMemoOf(e.Pod).key})
 	}
-	slices.SortStableFunc(rs, func(a, b endpointIn) int { return strings.Compare(a.key, b.key) })
+	cmp := func(a, b endpointIn) int { return strings.Compare(a.key, b.key) }
+	if !slices.IsSortedFunc(rs, cmp) { // tabbyd's are sorted already
+		slices.SortStableFunc(rs, cmp)
+	}
 	return rs
 }
 

@@ -17,7 +17,9 @@ import (
 //   - of a NetworkPolicy: its checked form and the problems found in it,
 //     and the rules of its chains with the sets they name (the rules do
 //     not depend on pods: set names hash selectors, CIDRs and port names);
-//   - of a Pod: its label group and its named ports.
+//   - of a Pod: its label group and its named ports;
+//   - of the endpoints' addresses: their ranking (sorted as strings),
+//     while every endpoint has the addresses it had.
 //
 // What depends on several objects is worked out afresh every time, and
 // is cheap: which policies select which local pods, the members of every
@@ -33,6 +35,16 @@ import (
 type Incremental struct {
 	policies map[*networkingv1.NetworkPolicy]*policyMemo
 	pods     map[*corev1.Pod]*podMemo
+	// ranked is the last compile's addresses, ranked.
+	ranked *rankMemo
+}
+
+// rankMemo is rankAddrs's result for one list of endpoint addresses.
+type rankMemo struct {
+	ips     []addrRef
+	addrs   []string
+	addrFam []int
+	ranks   [][]int // by endpoint index
 }
 
 // NewIncremental returns an Incremental with nothing in memory.
@@ -54,7 +66,7 @@ func (x *Incremental) Compile(in *Input) *Ruleset {
 
 // Forget drops everything Incremental keeps: the next Compile starts
 // from nothing.
-func (x *Incremental) Forget() { x.policies, x.pods = nil, nil }
+func (x *Incremental) Forget() { x.policies, x.pods, x.ranked = nil, nil, nil }
 
 // policyMemo is what a NetworkPolicy compiles to on its own.
 type policyMemo struct {
@@ -71,6 +83,7 @@ type setUse func(c *compiler)
 
 // podMemo is what a Pod compiles to on its own.
 type podMemo struct {
+	key   string // namespace/name
 	group string // labelKey of its namespace and labels
 	ports []podPort
 }
@@ -129,17 +142,42 @@ func (c *compiler) record(use setUse) {
 	}
 }
 
-// podMemoOf is what ep's pod compiles to on its own.
-func (c *compiler) podMemoOf(ep *endpoint) *podMemo {
+// podMemoOf is what pod compiles to on its own.
+func (c *compiler) podMemoOf(pod *corev1.Pod) *podMemo {
 	if c.memo != nil {
-		if m := c.memo.pods[ep.pod]; m != nil {
-			c.nextPods[ep.pod] = m
+		if m := c.memo.pods[pod]; m != nil {
+			c.nextPods[pod] = m
+			return m
+		}
+		if m := c.nextPods[pod]; m != nil {
 			return m
 		}
 	}
-	m := &podMemo{group: labelKey(ep.ns, ep.labels), ports: namedPorts(ep.pod)}
+	m := &podMemo{key: pod.Namespace + "/" + pod.Name, group: labelKey(pod.Namespace, pod.Labels), ports: namedPorts(pod)}
 	if c.memo != nil {
-		c.nextPods[ep.pod] = m
+		c.nextPods[pod] = m
 	}
 	return m
+}
+
+// rankAddrsOnce is rankAddrs, from memory when the endpoints have the
+// same addresses as in the last compile (a label change).
+func (c *compiler) rankAddrsOnce(ips []addrRef) {
+	if c.memo == nil {
+		c.rankAddrs(ips)
+		return
+	}
+	if m := c.memo.ranked; m != nil && len(m.ranks) == len(c.eps) && slices.Equal(m.ips, ips) {
+		c.addrs, c.addrFam = m.addrs, m.addrFam
+		for i, ep := range c.eps {
+			ep.ranks = m.ranks[i]
+		}
+		return
+	}
+	c.rankAddrs(ips)
+	m := &rankMemo{ips: ips, addrs: c.addrs, addrFam: c.addrFam, ranks: make([][]int, len(c.eps))}
+	for i, ep := range c.eps {
+		m.ranks[i] = ep.ranks
+	}
+	c.memo.ranked = m
 }

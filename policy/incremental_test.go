@@ -170,9 +170,13 @@ func (s *seqWorld) ports() []corev1.ContainerPort {
 	return out
 }
 
-// addrs are one or two fresh addresses, or one in use (a stale IP).
+// addrs are one or two fresh addresses, one in use (a stale IP), or
+// none.
 func (s *seqWorld) addrs() []netip.Addr {
 	n := s.next
+	if s.r.Intn(10) == 0 {
+		return nil
+	}
 	if s.r.Intn(8) == 0 && len(s.endpoints) > 0 {
 		return slices.Clone(s.endpoints[s.r.Intn(len(s.endpoints))].IPs)
 	}
