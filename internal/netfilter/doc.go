@@ -10,7 +10,8 @@
 //     `iptables-restore --noflush`, tables read with iptables-save, single
 //     chains listed with `iptables -S`.
 //   - IPSets drives the ipset program: batches applied with one
-//     `ipset restore`, sets read with `ipset save`.
+//     `ipset restore` (a few member changes over netlink), sets read with
+//     `ipset save`.
 //   - A failed restore quotes the input line the program named, so an error
 //     says which rule or member the kernel refused.
 //   - Ownership is by name: a caller owns the chains and sets that carry

@@ -12,7 +12,9 @@ import (
 // IPSets drives the ipset program. It is the one mechanism for sets, for
 // NAT's few members as for NetworkPolicy's hundred thousand: a batch of
 // any size is one `ipset restore`, applied line by line in order, and its
-// errors name the line (and so the member) the kernel refused.
+// errors name the line (and so the member) the kernel refused. A batch of
+// a few member changes of sets whose type the caller told (SetBatch.Typed)
+// goes over netlink instead (Apply).
 type IPSets struct {
 	path string
 	// NoNetlink sends every batch through the ipset program, even a few

@@ -11,8 +11,9 @@
 // table is never touched.
 //
 // The applier remembers what it last put in the kernel, so an Apply whose
-// chains did not change runs no iptables command at all and a pod label
-// change costs one `ipset restore`. It re-reads the kernel (iptables-save,
+// chains did not change runs no iptables command at all, a set listed as
+// before is neither parsed nor compared again, and a pod label change
+// costs a few netlink messages (or one `ipset restore`). It re-reads the kernel (iptables-save,
 // ipset save) every Options.ResyncPeriod and after any error, so what was
 // changed behind its back is repaired.
 package apply
