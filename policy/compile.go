@@ -258,11 +258,7 @@ func (c *compiler) sortedEndpoints() []endpointIn {
 		}
 		rs = append(rs, endpointIn{e, c.podMemoOf(e.Pod).key})
 	}
-	cmp := func(a, b endpointIn) int { return strings.Compare(a.key, b.key) }
-	if !slices.IsSortedFunc(rs, cmp) { // tabbyd's are sorted already
-		slices.SortStableFunc(rs, cmp)
-	}
-	return rs
+	return c.sortEndpoints(rs)
 }
 
 // appendAddrs appends endpoint idx's usable addresses, each once.

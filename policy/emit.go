@@ -32,6 +32,9 @@ func (c *compiler) selectLocal() {
 }
 
 func (p *cpolicy) chain(dir direction) string {
+	if p.chains[dir] != "" {
+		return p.chains[dir] // named when checked
+	}
 	if dir == dirIngress {
 		return chainName(kindPolicyIngress, p.key)
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -37,6 +38,14 @@ type Incremental struct {
 	pods     map[*corev1.Pod]*podMemo
 	// ranked is the last compile's addresses, ranked.
 	ranked *rankMemo
+	// sorted is the last compile's endpoint keys as given, and the
+	// order sorting put them in.
+	sorted *sortMemo
+}
+
+type sortMemo struct {
+	keys []string
+	perm []int
 }
 
 // rankMemo is rankAddrs's result for one list of endpoint addresses.
@@ -66,7 +75,7 @@ func (x *Incremental) Compile(in *Input) *Ruleset {
 
 // Forget drops everything Incremental keeps: the next Compile starts
 // from nothing.
-func (x *Incremental) Forget() { x.policies, x.pods, x.ranked = nil, nil, nil }
+func (x *Incremental) Forget() { x.policies, x.pods, x.ranked, x.sorted = nil, nil, nil, nil }
 
 // policyMemo is what a NetworkPolicy compiles to on its own.
 type policyMemo struct {
@@ -180,4 +189,40 @@ func (c *compiler) rankAddrsOnce(ips []addrRef) {
 		m.ranks[i] = ep.ranks
 	}
 	c.memo.ranked = m
+}
+
+// sortEndpoints sorts the endpoints stably by key: not at all when they
+// are sorted already (BuildInput's are), and in the order of the last
+// compile when their keys come in the same order as then.
+func (c *compiler) sortEndpoints(rs []endpointIn) []endpointIn {
+	cmp := func(a, b endpointIn) int { return strings.Compare(a.key, b.key) }
+	if slices.IsSortedFunc(rs, cmp) {
+		return rs
+	}
+	if c.memo == nil {
+		slices.SortStableFunc(rs, cmp)
+		return rs
+	}
+	keys := make([]string, len(rs))
+	for i, r := range rs {
+		keys[i] = r.key
+	}
+	if m := c.memo.sorted; m != nil && slices.Equal(m.keys, keys) {
+		out := make([]endpointIn, len(rs))
+		for i, j := range m.perm {
+			out[i] = rs[j]
+		}
+		return out
+	}
+	perm := make([]int, len(rs))
+	for i := range perm {
+		perm[i] = i
+	}
+	slices.SortStableFunc(perm, func(a, b int) int { return strings.Compare(keys[a], keys[b]) })
+	out := make([]endpointIn, len(rs))
+	for i, j := range perm {
+		out[i] = rs[j]
+	}
+	c.memo.sorted = &sortMemo{keys: keys, perm: perm}
+	return out
 }

@@ -17,6 +17,7 @@ import (
 // cpolicy is a NetworkPolicy checked and ready to emit.
 type cpolicy struct {
 	ns, name, key string
+	chains        [directions]string // the names of its chains
 	sel           labels.Selector
 	ingress       bool
 	egress        bool
@@ -134,6 +135,7 @@ func (c *compiler) checkPolicy(p *networkingv1.NetworkPolicy) *cpolicy {
 		return nil
 	}
 	cp := &cpolicy{ns: p.Namespace, name: p.Name, key: p.Namespace + "/" + p.Name, sel: sel}
+	cp.chains = [directions]string{chainName(kindPolicyIngress, cp.key), chainName(kindPolicyEgress, cp.key)}
 
 	var msgs []string
 	cp.ingress, cp.egress, msgs = PolicyTypes(p)
