@@ -48,15 +48,7 @@ func testDeniedLogged(t *testing.T, b iptbackend.Backend) {
 		t.Fatalf("Denials %+v, want the one of x/s-deny-all", rs.Denials)
 	}
 	n.apply(rs)
-	var c *nflog.Conn
-	n.do(func() (err error) {
-		c, err = nflog.Open(nflog.Config{Group: 9, Flush: 10 * time.Millisecond})
-		return err
-	})
-	got := make(chan nflog.Packet, 100)
-	done := make(chan error, 1)
-	go func() { done <- c.Read(func(p nflog.Packet) { got <- p }, nil) }()
-	t.Cleanup(func() { _ = c.Close(); <-done })
+	got := n.readLog(t, 9)
 
 	for fam := range 2 {
 		if err := connect(srv, a, fam, 5*time.Second); err != nil {
@@ -127,15 +119,7 @@ func TestDeniedLoggedUnlisted(t *testing.T) {
 			}
 			in.Endpoints = []policy.Endpoint{endpoint(srv)} // a is not listed yet
 			n.apply(policy.Compile(in))
-			var c *nflog.Conn
-			n.do(func() (err error) {
-				c, err = nflog.Open(nflog.Config{Group: 9, Flush: 10 * time.Millisecond})
-				return err
-			})
-			got := make(chan nflog.Packet, 100)
-			done := make(chan error, 1)
-			go func() { done <- c.Read(func(p nflog.Packet) { got <- p }, nil) }()
-			t.Cleanup(func() { _ = c.Close(); <-done })
+			got := n.readLog(t, 9)
 
 			if err := connect(a, srv, 0, 300*time.Millisecond); err == nil {
 				t.Fatal("a, unlisted, reached s")
@@ -155,6 +139,21 @@ func TestDeniedLoggedUnlisted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readLog reads NFLOG group in the node's namespace until the test ends:
+// the packets come on the channel returned.
+func (n *node) readLog(t *testing.T, group uint16) chan nflog.Packet {
+	var c *nflog.Conn
+	n.do(func() (err error) {
+		c, err = nflog.Open(nflog.Config{Group: group, Flush: 10 * time.Millisecond})
+		return err
+	})
+	got := make(chan nflog.Packet, 100)
+	done := make(chan error, 1)
+	go func() { done <- c.Read(func(p nflog.Packet) { got <- p }, nil) }()
+	t.Cleanup(func() { _ = c.Close(); <-done })
+	return got
 }
 
 // drain empties ch of what a probe's retries logged.
