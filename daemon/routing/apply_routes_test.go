@@ -171,11 +171,31 @@ func TestApplyLeavesAPodRouteAddedMeanwhile(t *testing.T) {
 		n1.applier.afterList = nil // once: the listing is per family
 	}
 	st := n1.apply(t, s)
-	if !slices.ContainsFunc(st.Conflicts, func(c string) bool { return strings.Contains(c, "10.244.1.77/32") }) {
-		t.Errorf("conflicts %q, want one for 10.244.1.77/32", st.Conflicts)
-	}
 	mustContain(t, "node1's routes", notOurs(t, n1), podRoute)
 	mustNotContain(t, "node1's tabby routes", ourRoutes(t, n1.ns), "10.244.1.77")
+	// The pod's route holding its /32 block is no conflict (it is there
+	// for every local pod of such a pool), neither when it came meanwhile
+	// nor on the next apply.
+	if len(st.Conflicts) != 0 {
+		t.Errorf("conflicts %q, want none", st.Conflicts)
+	}
+	if st = n1.apply(t, s); len(st.Conflicts) != 0 {
+		t.Errorf("conflicts on the next apply %q, want none", st.Conflicts)
+	}
+	// Another program's route meanwhile is a conflict, left alone.
+	other := pfx("10.244.1.78/32")
+	n1.blocks = append(n1.blocks, other)
+	in.Blocks = n1.blocks
+	s = Desired(in)
+	n1.applier.afterList = func() {
+		n1.ns.IP("route add 10.244.1.78 dev lo proto 4 scope link")
+		n1.applier.afterList = nil
+	}
+	st = n1.apply(t, s)
+	if !slices.ContainsFunc(st.Conflicts, func(c string) bool { return strings.Contains(c, "10.244.1.78/32") }) {
+		t.Errorf("conflicts %q, want one for 10.244.1.78/32", st.Conflicts)
+	}
+	mustContain(t, "node1's routes", notOurs(t, n1), "10.244.1.78 dev lo proto static scope link")
 
 	// node2 claims another block: only the routes differ, and
 	// ApplyRoutes adds its route.

@@ -8,6 +8,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tabbynet/tabby/contract"
 )
 
 // ipv6DefaultMetric is the metric the kernel gives IPv6 routes added
@@ -17,6 +19,31 @@ const ipv6DefaultMetric = 1024
 type routeKey struct {
 	dst    netip.Prefix
 	metric int
+}
+
+// podHolds says whether a route of protocol proto at w's destination is
+// the CNI plugin's route to a pod (contract.RouteProtocolPod) where w is a
+// block's blackhole: a block of one address (/32, /128) holds one pod, and
+// the pod's route is the one to keep. That is no conflict: it is there
+// for every local pod of such a pool.
+func podHolds(w Route, proto netlink.RouteProtocol) bool {
+	return w.Type == Blackhole && proto == contract.RouteProtocolPod
+}
+
+// protocolAt is the protocol of the main table's route at r's destination
+// and metric, when there is one.
+func protocolAt(family int, r *netlink.Route) (netlink.RouteProtocol, bool) {
+	rs, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: r.Dst},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+	if err != nil {
+		return 0, false
+	}
+	for _, x := range rs {
+		if x.Priority == r.Priority {
+			return x.Protocol, true
+		}
+	}
+	return 0, false
 }
 
 // applyRoutes makes the main table's RouteProtocol routes of both families
@@ -67,6 +94,10 @@ func (a *Applier) applyRoutes(want []Route, st *Stats) error {
 				continue
 			}
 			if proto, taken := foreign[routeKey{w.Dst, nr.Priority}]; taken {
+				if podHolds(w, proto) {
+					st.Routes.Unchanged++
+					continue
+				}
 				msg := fmt.Sprintf("%s: the destination has a route with protocol %d, which is not tabby's; left alone", w, proto)
 				st.Conflicts = append(st.Conflicts, msg)
 				a.log.Warn("route not programmed", "route", w.String(), "protocol", int(proto))
@@ -81,6 +112,10 @@ func (a *Applier) applyRoutes(want []Route, st *Stats) error {
 				add = netlink.RouteAdd
 			}
 			if err := add(nr); errors.Is(err, unix.EEXIST) {
+				if proto, ok := protocolAt(family, nr); ok && podHolds(w, proto) {
+					st.Routes.Unchanged++
+					continue
+				}
 				msg := fmt.Sprintf("%s: the destination got a route of another program meanwhile; left alone", w)
 				st.Conflicts = append(st.Conflicts, msg)
 				a.log.Warn("route not programmed", "route", w.String(), "why", "another program added one meanwhile")
