@@ -3,8 +3,6 @@ package netpol
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -168,20 +166,21 @@ func (c *ClusterPolicyClient) Watch(ctx context.Context, opts metav1.ListOptions
 // but NotFound), sends 410 Expired and ends: the informer then lists
 // again, finds the CRD and watches it for real.
 func (c *ClusterPolicyClient) missingWatch(ctx context.Context) watch.Interface {
-	w := &quietWatch{ch: make(chan watch.Event), stop: make(chan struct{})}
+	ch := make(chan watch.Event)
+	w := watch.NewProxyWatcher(ch)
 	every := c.recheck
 	if every <= 0 {
 		every = crdRecheck
 	}
 	go func() {
-		defer close(w.ch)
+		defer close(ch)
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-w.stop:
+			case <-w.StopChan():
 				return
 			case <-t.C:
 			}
@@ -191,11 +190,10 @@ func (c *ClusterPolicyClient) missingWatch(ctx context.Context) watch.Interface 
 			// The next watch is a real one, whichever way the
 			// informer starts again (a list, or a watch-list).
 			c.missing.Store(false)
-			gone := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusGone, Reason: metav1.StatusReasonExpired,
-				Message: "the ClusterNetworkPolicy resource is served now: list again"}
+			gone := apierrors.NewResourceExpired("the ClusterNetworkPolicy resource is served now: list again")
 			select {
-			case w.ch <- watch.Event{Type: watch.Error, Object: gone}:
-			case <-w.stop:
+			case ch <- watch.Event{Type: watch.Error, Object: &gone.ErrStatus}:
+			case <-w.StopChan():
 			case <-ctx.Done():
 			}
 			return
@@ -203,16 +201,6 @@ func (c *ClusterPolicyClient) missingWatch(ctx context.Context) watch.Interface 
 	}()
 	return w
 }
-
-// quietWatch is missingWatch's watch.Interface.
-type quietWatch struct {
-	ch   chan watch.Event
-	stop chan struct{}
-	once sync.Once
-}
-
-func (w *quietWatch) ResultChan() <-chan watch.Event { return w.ch }
-func (w *quietWatch) Stop()                          { w.once.Do(func() { close(w.stop) }) }
 
 // Missing says whether the last list found the CRD not installed.
 func (c *ClusterPolicyClient) Missing() bool { return c.missing.Load() }
