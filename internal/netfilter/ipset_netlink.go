@@ -33,7 +33,7 @@ func (s *IPSets) applyNetlink(ctx context.Context, b *SetBatch, exist bool) (boo
 	}
 	entries := make([]netlink.IPSetEntry, len(b.ops))
 	for i, op := range b.ops {
-		e, ok := netlinkEntry(b.types[op.set], op.member)
+		e, ok := NetlinkEntry(b.types[op.set], op.member)
 		if !ok {
 			return false, nil
 		}
@@ -55,10 +55,10 @@ func (s *IPSets) applyNetlink(ctx context.Context, b *SetBatch, exist bool) (boo
 	return true, nil
 }
 
-// netlinkEntry is a member, as `ipset save` prints it, of a set of type
+// NetlinkEntry is a member, as `ipset save` prints it, of a set of type
 // typ as netlink takes it; false for what it does not carry (interfaces
 // of bridge ports, types other than tabby's).
-func netlinkEntry(typ, member string) (netlink.IPSetEntry, bool) {
+func NetlinkEntry(typ, member string) (netlink.IPSetEntry, bool) {
 	var e netlink.IPSetEntry
 	addr, rest, _ := strings.Cut(member, ",")
 	ip, cidr := addr, -1

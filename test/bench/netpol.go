@@ -9,10 +9,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os/exec"
-	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -23,6 +21,7 @@ import (
 
 	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 	"github.com/tabbynet/tabby/daemon/netpol"
+	"github.com/tabbynet/tabby/internal/netfilter"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -345,51 +344,14 @@ type setMember struct {
 	entry       netlink.IPSetEntry
 }
 
-// newSetMember parses member as ipset prints members of a set of type t.
+// newSetMember parses member as ipset prints members of a set of type t,
+// as the applier does for netlink (netfilter.NetlinkEntry).
 func newSetMember(set string, t policy.SetType, member string) (setMember, error) {
-	m := setMember{set: set, member: member}
-	addr, rest, _ := strings.Cut(member, ",")
-	ip, cidr := addr, 0
-	if a, c, ok := strings.Cut(addr, "/"); ok {
-		ip = a
-		var err error
-		if cidr, err = strconv.Atoi(c); err != nil {
-			return m, fmt.Errorf("set %s: member %q: %w", set, member, err)
-		}
+	e, ok := netfilter.NetlinkEntry(string(t), member)
+	if !ok {
+		return setMember{}, fmt.Errorf("set %s (%s): member %q is not one netlink carries", set, t, member)
 	}
-	m.entry.IP = net.ParseIP(ip)
-	if m.entry.IP == nil {
-		return m, fmt.Errorf("set %s: member %q: not an address", set, member)
-	}
-	if v4 := m.entry.IP.To4(); v4 != nil {
-		m.entry.IP = v4
-	}
-	switch t {
-	case policy.SetHashIP:
-	case policy.SetHashNet:
-		m.entry.CIDR = uint8(cidr)
-	case policy.SetHashNetIface:
-		m.entry.CIDR = uint8(cidr)
-		if cidr == 0 {
-			m.entry.CIDR = uint8(8 * len(m.entry.IP))
-		}
-		m.entry.IFace = rest
-	case policy.SetHashIPPort:
-		proto, port, ok := strings.Cut(rest, ":")
-		p, err := strconv.ParseUint(port, 10, 16)
-		if !ok || err != nil {
-			return m, fmt.Errorf("set %s: member %q: want <ip>,<proto>:<port>", set, member)
-		}
-		pn := map[string]uint8{"tcp": 6, "udp": 17, "sctp": 132}[proto]
-		if pn == 0 {
-			return m, fmt.Errorf("set %s: member %q: unknown protocol %q", set, member, proto)
-		}
-		p16 := uint16(p)
-		m.entry.Port, m.entry.Protocol = &p16, &pn
-	default:
-		return m, fmt.Errorf("set %s: unknown type %s", set, t)
-	}
-	return m, nil
+	return setMember{set: set, member: member, entry: e}, nil
 }
 
 // membersOf is every member of rs's sets that is about addr (the address
