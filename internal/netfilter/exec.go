@@ -16,20 +16,35 @@ import (
 // the line of its input it choked on (iptables-restore, ipset restore),
 // that line is quoted too.
 func run(ctx context.Context, stdin string, name string, args ...string) (string, error) {
+	return start(ctx, stdin, name, args...)()
+}
+
+// start starts a command as run does, from the calling thread (so in its
+// network namespace), and returns at once: wait waits for it and returns
+// what run would.
+func start(ctx context.Context, stdin string, name string, args ...string) (wait func() (string, error)) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
+	fail := func(err error) (string, error) {
 		msg := strings.TrimSpace(errb.String())
 		if l := FailedLine(msg, stdin); l != "" {
 			msg += " (the line: " + l + ")"
 		}
 		return "", fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
 	}
-	return out.String(), nil
+	if err := cmd.Start(); err != nil {
+		return func() (string, error) { return fail(err) }
+	}
+	return func() (string, error) {
+		if err := cmd.Wait(); err != nil {
+			return fail(err)
+		}
+		return out.String(), nil
+	}
 }
 
 // lineRe finds the line number in the errors of iptables-restore ("Error

@@ -56,6 +56,22 @@ func (t *IPTables) Apply(ctx context.Context, tx *Tx) error {
 	return err
 }
 
+// Start starts tx's `iptables-restore --noflush` as Apply does, from the
+// calling thread (so in its network namespace), and returns at once: wait
+// returns what Apply would. The two families of the nft backend can be
+// written at once this way; those of the legacy backend cannot usefully
+// (both take the xtables lock, which the second polls for once a second).
+func (t *IPTables) Start(ctx context.Context, tx *Tx) (wait func() error) {
+	if tx.Empty() {
+		return func() error { return nil }
+	}
+	w := start(ctx, tx.String(), t.restore, "--noflush", "--wait", t.wait)
+	return func() error {
+		_, err := w()
+		return err
+	}
+}
+
 // Save reads one table with iptables-save.
 func (t *IPTables) Save(ctx context.Context, table string) (Table, error) {
 	out, err := run(ctx, "", t.save, "-t", table)

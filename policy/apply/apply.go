@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"os"
 	"slices"
@@ -103,6 +104,14 @@ type family struct {
 	// jumps are, per built-in chain, the jumps last verified at its top:
 	// the rules wanted and how iptables prints them.
 	jumps map[string]*kernelJumps
+	// printed maps a rule (its ruleKey) to how the kernel prints it, as
+	// learned from chains read back just after the applier wrote them: a
+	// chain written with rules all printed before is not read back (the
+	// printing is a function of the rule alone). A chain the next kernel
+	// read finds printed otherwise has its rules forgotten here, so a
+	// wrong entry costs one rewrite, never a loop of them.
+	printed map[uint64]string
+	seed    maphash.Seed
 }
 
 type kernelChain struct {
@@ -124,6 +133,9 @@ type Stats struct {
 	// by iptables-restore: 0 when the chains were unchanged.
 	ChainsWritten, ChainsDeleted int
 	JumpsInserted, JumpsDeleted  int
+	// ChainsReadBack counts the chains written that were then listed to
+	// learn how the kernel prints them (the others' printing was known).
+	ChainsReadBack int
 	// Restores is the number of iptables-restore/ip6tables-restore runs.
 	Restores int
 	// KernelRead says the kernel was read (iptables-save, ipset save)
@@ -182,7 +194,8 @@ func New(opts Options) (*Applier, error) {
 			return nil, err
 		}
 		a.fams[i] = &family{idx: i, name: ipt.Name, ipt: ipt,
-			chains: map[string]*kernelChain{}, jumps: map[string]*kernelJumps{}}
+			chains: map[string]*kernelChain{}, jumps: map[string]*kernelJumps{},
+			printed: map[uint64]string{}, seed: maphash.MakeSeed()}
 	}
 	return a, nil
 }
@@ -259,19 +272,21 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 	}
 
 	t = time.Now()
-	var written [2][]string
+	var plans []*chainWrite
 	for _, f := range a.fams {
 		if f == nil {
 			continue
 		}
 		w := &d.fams[f.idx]
-		written[f.idx], err = a.writeChains(ctx, f, w, alias, foldableStale(f, w, current[f.idx] != nil, alias), st)
-		if err != nil {
-			st.ChainsTime += time.Since(t)
-			return nil, err
+		if cw := planChains(f, w, alias, foldableStale(f, w, current[f.idx] != nil, alias)); cw != nil {
+			plans = append(plans, cw)
 		}
 	}
+	written, err := a.writeChains(ctx, plans, st)
 	st.ChainsTime += time.Since(t)
+	if err != nil {
+		return nil, err
+	}
 
 	// The members leaving their sets go as soon as the chains are in
 	// place, before the chains are read back: that is when the kernel
@@ -288,6 +303,7 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 		if f == nil {
 			continue
 		}
+		st.ChainsReadBack += len(written[f.idx])
 		if err := a.readBack(ctx, f, written[f.idx]); err != nil {
 			st.ChainsTime += time.Since(t)
 			return nil, err
@@ -340,6 +356,7 @@ func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error
 			return builtins, err
 		}
 		a.remember(f, ft)
+		f.prunePrinted()
 		builtins[f.idx] = ft.builtins
 	}
 	a.sets = sets
@@ -370,6 +387,7 @@ func (a *Applier) remember(f *family, ft filterTable) {
 		}
 		if kc != nil && kc.written {
 			changed = append(changed, name)
+			f.forget(kc.want)
 		}
 		f.chains[name] = &kernelChain{kernel: lines}
 	}

@@ -2,26 +2,36 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 
+	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/internal/netfilter"
 )
 
-// writeChains writes, in one iptables-restore --noflush transaction, every
+// chainWrite is what writeChains writes in one family: the chains to
+// write with their rules and the stale chains to delete, in one
+// transaction.
+type chainWrite struct {
+	f     *family
+	write []string
+	rules map[string][][]string
+	stale []string
+	tx    *netfilter.Tx
+}
+
+// planChains is the transaction that brings f's policy chains to w: every
 // wanted chain that is new, differs from what the applier last wrote, or
 // was found changed in the kernel; sets being replaced are named by their
 // stand-ins (alias). The chains stale lists (not wanted, and no jump goes
 // to them) are flushed and deleted in the same transaction, after the
-// chains that named them are rewritten: one restore, not two.
-// Declaring a chain (":NAME - [0:0]") flushes it; the chains not named are
-// left as they are, and so is everything else in the table. With nothing to
-// write, no command runs. It returns the chains written, which the caller
-// reads back (readBack) so that the next kernel read can tell tabby's
-// content from a change behind its back.
-func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, alias map[string]string, stale []string, st *Stats) ([]string, error) {
-	var write []string
-	rules := map[string][][]string{}
+// chains that named them are rewritten: one restore, not two. Declaring a
+// chain (":NAME - [0:0]") flushes it; the chains not named are left as
+// they are, and so is everything else in the table. nil: nothing to do.
+func planChains(f *family, w *wantFamily, alias map[string]string, stale []string) *chainWrite {
+	cw := &chainWrite{f: f, rules: map[string][][]string{}, stale: stale}
 	for _, name := range w.order {
 		want := w.chains[name]
 		if namesAny(want, alias) {
@@ -29,41 +39,83 @@ func (a *Applier) writeChains(ctx context.Context, f *family, w *wantFamily, ali
 		}
 		kc := f.chains[name]
 		if kc == nil || !kc.written || !equalRules(kc.want, want) {
-			write = append(write, name)
-			rules[name] = want
+			cw.write = append(cw.write, name)
+			cw.rules[name] = want
 		}
 	}
-	if len(write)+len(stale) == 0 {
-		return nil, nil
+	if len(cw.write)+len(stale) == 0 {
+		return nil
 	}
-	tx := netfilter.NewTx("filter")
-	for _, name := range write {
-		tx.Declare(name)
+	cw.tx = netfilter.NewTx("filter")
+	for _, name := range cw.write {
+		cw.tx.Declare(name)
 	}
-	for _, name := range write {
-		for _, r := range rules[name] {
-			tx.Append(name, r)
+	for _, name := range cw.write {
+		for _, r := range cw.rules[name] {
+			cw.tx.Append(name, r)
 		}
 	}
-	deleteChains(tx, stale)
-	st.Restores++
-	if err := f.ipt.Apply(ctx, tx); err != nil {
-		return nil, fmt.Errorf("writing %d %s policy chains (and removing %d no longer wanted): %w", len(write), f.name, len(stale), err)
-	}
-	st.ChainsWritten += len(write)
-	st.ChainsDeleted += len(stale)
-	for _, name := range stale {
-		delete(f.chains, name)
-	}
-	for _, name := range write {
-		f.chains[name] = &kernelChain{written: true, want: rules[name]}
-	}
-	return write, nil
+	deleteChains(cw.tx, stale)
+	return cw
 }
 
-// readBack remembers how the kernel prints the chains just written: a few
-// one by one (iptables -S prints a rule as iptables-save does), many with
-// one iptables-save.
+// writeChains runs the transactions of planChains, one iptables-restore
+// --noflush per family; with the nft backend both families' at once (they
+// share no lock). So that the next kernel read can tell tabby's content
+// from a change behind its back, the applier must know how the kernel
+// prints every chain written: it returns, per family, the chains with a
+// rule whose printing it has not learned yet, which the caller reads back
+// (readBack); the others' printing is known (f.printed).
+func (a *Applier) writeChains(ctx context.Context, plans []*chainWrite, st *Stats) ([2][]string, error) {
+	var unknown [2][]string
+	waits := make([]func() error, len(plans))
+	for i, cw := range plans {
+		st.Restores++
+		waits[i] = cw.f.ipt.Start(ctx, cw.tx)
+		if a.backend.Mode != iptbackend.NFT {
+			w := waits[i]
+			err := w()
+			waits[i] = func() error { return err }
+			if err != nil {
+				plans = plans[:i+1]
+				break
+			}
+		}
+	}
+	var errs []error
+	for i, cw := range plans {
+		if err := waits[i](); err != nil {
+			errs = append(errs, fmt.Errorf("writing %d %s policy chains (and removing %d no longer wanted): %w", len(cw.write), cw.f.name, len(cw.stale), err))
+			continue
+		}
+		unknown[cw.f.idx] = cw.done(st)
+	}
+	return unknown, errors.Join(errs...)
+}
+
+// done records a transaction that went through; it returns the chains
+// written whose printing is not known.
+func (cw *chainWrite) done(st *Stats) []string {
+	f := cw.f
+	st.ChainsWritten += len(cw.write)
+	st.ChainsDeleted += len(cw.stale)
+	for _, name := range cw.stale {
+		delete(f.chains, name)
+	}
+	var unknown []string
+	for _, name := range cw.write {
+		kc := &kernelChain{written: true, want: cw.rules[name], kernel: f.predict(cw.rules[name])}
+		f.chains[name] = kc
+		if kc.kernel == nil {
+			unknown = append(unknown, name)
+		}
+	}
+	return unknown
+}
+
+// readBack remembers how the kernel prints the chains just written, and
+// learns from them how it prints their rules: a few one by one (iptables
+// -S prints a rule as iptables-save does), many with one iptables-save.
 func (a *Applier) readBack(ctx context.Context, f *family, write []string) error {
 	if len(write) <= readBackOneByOne {
 		for _, name := range write {
@@ -72,7 +124,7 @@ func (a *Applier) readBack(ctx context.Context, f *family, write []string) error
 				delete(f.chains, name)
 				return err
 			}
-			f.chains[name].kernel = lines
+			f.readBack(name, lines)
 		}
 		return nil
 	}
@@ -86,9 +138,86 @@ func (a *Applier) readBack(ctx context.Context, f *family, write []string) error
 			delete(f.chains, name) // gone already: rewritten on the next kernel read
 			continue
 		}
-		f.chains[name].kernel = lines
+		f.readBack(name, lines)
 	}
 	return nil
+}
+
+// readBack records lines as the printing of chain name, written just
+// before, and learns the printing of each of its rules.
+func (f *family) readBack(name string, lines []string) {
+	kc := f.chains[name]
+	kc.kernel = lines
+	if len(lines) != len(kc.want) {
+		return // not as written (a change in between): nothing to learn
+	}
+	for i, r := range kc.want {
+		f.printed[f.ruleKey(r)] = lines[i]
+	}
+}
+
+// ruleKey identifies a rule's arguments in f.printed: a hash (seeded per
+// applier) rather than the rule's text, which would double the memory of
+// the chains. Two rules with one key (odds of 2^-64 per pair) would make
+// a chain's printing predicted wrong: the next kernel read finds it
+// changed, rewrites it and forgets the key.
+func (f *family) ruleKey(rule []string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(f.seed)
+	for _, a := range rule {
+		h.WriteString(a)
+		h.WriteByte(0)
+	}
+	return h.Sum64()
+}
+
+// predict is how the kernel prints rules, when the printing of each is
+// known; nil otherwise.
+func (f *family) predict(rules [][]string) []string {
+	lines := make([]string, len(rules))
+	for i, r := range rules {
+		l, ok := f.printed[f.ruleKey(r)]
+		if !ok {
+			return nil
+		}
+		lines[i] = l
+	}
+	return lines
+}
+
+// forget drops the printing of rules, found wrong.
+func (f *family) forget(rules [][]string) {
+	for _, r := range rules {
+		delete(f.printed, f.ruleKey(r))
+	}
+}
+
+// prunePrinted drops, when f.printed has grown well past the rules of the
+// chains written, the printings of rules no chain has any more (chains
+// come and go with pods' combinations of policies).
+func (f *family) prunePrinted() {
+	n := 0
+	for _, kc := range f.chains {
+		if kc.written {
+			n += len(kc.want)
+		}
+	}
+	if len(f.printed) <= 2*n+1024 {
+		return
+	}
+	keep := make(map[uint64]string, n)
+	for _, kc := range f.chains {
+		if !kc.written {
+			continue
+		}
+		for _, r := range kc.want {
+			k := f.ruleKey(r)
+			if l, ok := f.printed[k]; ok {
+				keep[k] = l
+			}
+		}
+	}
+	f.printed = keep
 }
 
 // foldableStale are the chains of f that w does not want, when they can
