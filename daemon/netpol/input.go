@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"cmp"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -37,26 +38,35 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 		}
 	}
 	slices.SortFunc(in.Policies, func(a, b *networkingv1.NetworkPolicy) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+		return compareKeys(a.Namespace, a.Name, b.Namespace, b.Name)
 	})
 
 	type entry struct {
 		pod *corev1.Pod
 		ips []netip.Addr
 	}
+	// The entries are allocated together, not one by one: a sync builds
+	// one for every pod of the cluster. (Their addresses are not: the
+	// compiler may keep one pod's addresses for many syncs, which must not
+	// keep a whole sync's array alive.)
+	entries := make([]entry, len(pods))
 	byKey := make(map[string]*entry, len(pods))
-	for _, p := range pods {
+	for i, p := range pods {
 		if !endpointPod(p) {
 			continue
 		}
-		e := &entry{pod: p}
+		e := &entries[i]
+		e.pod = p
 		for _, s := range p.Status.PodIPs {
 			if a, err := netip.ParseAddr(s.IP); err == nil {
 				e.ips = append(e.ips, a.Unmap())
 			}
 		}
-		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
-			e.ips = append(e.ips, a.Unmap())
+		if len(p.Status.PodIPs) == 0 || p.Status.PodIPs[0].IP != p.Status.PodIP {
+			// (Else status.podIP is status.podIPs[0], as the kubelet sets them.)
+			if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+				e.ips = append(e.ips, a.Unmap())
+			}
 		}
 		byKey[p.Namespace+"/"+p.Name] = e
 	}
@@ -96,6 +106,27 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 		in.Endpoints = append(in.Endpoints, ep)
 	}
 	return in
+}
+
+// compareKeys compares the keys namespace/name a1/a2 and b1/b2 as strings,
+// without building them: the keys of a sync's objects are compared tens
+// of thousands of times.
+func compareKeys(a1, a2, b1, b2 string) int {
+	if a1 == b1 {
+		return strings.Compare(a2, b2)
+	}
+	n := min(len(a1), len(b1))
+	if c := strings.Compare(a1[:n], b1[:n]); c != 0 {
+		return c
+	}
+	// One namespace starts the other: its "/" meets the other's next byte.
+	switch {
+	case len(a1) < len(b1) && b1[n] != '/':
+		return cmp.Compare('/', b1[n])
+	case len(b1) < len(a1) && a1[n] != '/':
+		return cmp.Compare(a1[n], '/')
+	}
+	return strings.Compare(a1+"/"+a2, b1+"/"+b2) // a "/" in a namespace: not from the API server
 }
 
 // HostIface is the name of the host end of a pod's veth: the CNI plugin

@@ -3,6 +3,7 @@ package netpol
 import (
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -249,5 +250,20 @@ func TestChangeFilters(t *testing.T) {
 	b2.Spec.Attributes = []tabbyv1.AllocationAttribute{{Namespace: "x", Pod: "a"}}
 	if !blockChanged(b, b2) {
 		t.Error("an allocation is a change")
+	}
+}
+
+// TestCompareKeys: compareKeys orders namespace/name keys as the joined
+// strings do, also where one namespace starts another.
+func TestCompareKeys(t *testing.T) {
+	keys := [][2]string{{"a", "z"}, {"a", "b"}, {"a-b", "a"}, {"ab", "a"}, {"a.b", "x"}, {"a", ""}, {"", "a"},
+		{"np-03", "p1"}, {"np-3", "p1"}, {"np-03", "p10"}, {"a/b", "c"}, {"a", "b/c"}, {"b", "a"}}
+	for _, x := range keys {
+		for _, y := range keys {
+			want := strings.Compare(x[0]+"/"+x[1], y[0]+"/"+y[1])
+			if got := compareKeys(x[0], x[1], y[0], y[1]); got != want {
+				t.Errorf("compareKeys(%q, %q, %q, %q) = %d, want %d", x[0], x[1], y[0], y[1], got, want)
+			}
+		}
 	}
 }
