@@ -166,10 +166,10 @@ func (c *compiler) emitFamily(fam int, family string, sigs []*signature) {
 	pre, dev := c.ifaceMatches()
 	add(ChainForward, forwardRules(pre, dev))
 	add(ChainPod, podRules(pre))
-	from, to := c.dispatchRules(fam, family, dev, sigs)
+	from, to, present := c.dispatchRules(fam, family, dev, sigs)
 	add(ChainFromPod, from)
 	add(ChainToPod, to)
-	for _, s := range sigs {
+	for _, s := range present {
 		add(s.name, s.rules(c.logRule(s.logPrefix())))
 	}
 	for _, p := range c.policies {
@@ -219,13 +219,23 @@ func podRules(pre string) [][]string {
 }
 
 // dispatchRules are the rules of ChainFromPod and ChainToPod in one
-// family, and make the sets they name.
-func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature) (from, to [][]string) {
+// family, and make the sets they name. A signature none of whose pods has
+// an address of the family (an IPv4-only pod's in IPv6) has neither set
+// nor rule nor chain in it: the rule of an empty set matches nothing, so
+// the packet is dispatched as before, and a node of single-stack pods
+// makes each signature's set and chain once, not twice. present are the
+// signatures that have them.
+func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature) (from, to [][]string, present []*signature) {
 	// Dispatch: a rule per combination of policies, its pods in a set.
 	from, to = [][]string{}, [][]string{}
 	for _, s := range sigs {
 		set := s.setName(fam)
-		c.addIfaceSet(set, fam, s.eps)
+		m := c.ifaceMembers(fam, s.eps)
+		if len(m) == 0 {
+			continue
+		}
+		c.addIfaceSet(set, fam, m)
+		present = append(present, s)
 		if s.dir == dirEgress {
 			from = append(from, []string{"-m", "set", "--match-set", set, "src,src", "-g", s.name})
 		} else {
@@ -233,7 +243,7 @@ func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature)
 		}
 	}
 	if !c.in.DenyUnlisted {
-		return from, to
+		return from, to, present
 	}
 	eg, in := c.unselectedSets(fam, family)
 	from = append(from, []string{"-m", "set", "--match-set", eg, "src,src", "-j", "RETURN"})
@@ -244,7 +254,7 @@ func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature)
 	}
 	from = dropRules(from, nil, c.logRule(UnlistedLogPrefix(true)))
 	to = dropRules(to, nil, c.logRule(UnlistedLogPrefix(false)))
-	return from, to
+	return from, to, present
 }
 
 // unselectedSets makes the sets of the local pods no policy selects for
@@ -260,8 +270,8 @@ func (c *compiler) unselectedSets(fam int, family string) (eg, in string) {
 		}
 	}
 	eg, in = UnselectedSetName(family, true), UnselectedSetName(family, false)
-	c.addIfaceSet(eg, fam, openEg)
-	c.addIfaceSet(in, fam, openIn)
+	c.addIfaceSet(eg, fam, c.ifaceMembers(fam, openEg))
+	c.addIfaceSet(in, fam, c.ifaceMembers(fam, openIn))
 	return eg, in
 }
 
@@ -703,9 +713,10 @@ func (c *compiler) netSet(members []string, fam int) string {
 	return c.use(name)
 }
 
-// addIfaceSet adds the hash:net,iface set of one family holding
-// "<address>,<veth>" for every address of that family of the endpoints.
-func (c *compiler) addIfaceSet(name string, fam int, eps []*endpoint) {
+// ifaceMembers are the members of a hash:net,iface set of one family
+// holding "<address>,<veth>" for every address of that family of the
+// endpoints, sorted.
+func (c *compiler) ifaceMembers(fam int, eps []*endpoint) []string {
 	var m []string
 	for _, ep := range eps {
 		for _, r := range ep.ranks {
@@ -715,6 +726,12 @@ func (c *compiler) addIfaceSet(name string, fam int, eps []*endpoint) {
 		}
 	}
 	slices.Sort(m)
+	return m
+}
+
+// addIfaceSet adds the hash:net,iface set name of one family with the
+// members m (ifaceMembers).
+func (c *compiler) addIfaceSet(name string, fam int, m []string) {
 	c.sets[name] = &Set{Name: name, Type: SetHashNetIface, Family: families[fam], Members: m}
 }
 

@@ -265,7 +265,8 @@ type Endpoint struct {
 //	                  one per distinct set of egress policies selecting some local pod,
 //	                  sorted by chain name; the hash:net,iface set holds "<IP>,<veth>"
 //	                  for each address of each local pod those policies select, and
-//	                  <h> is <H> in lower case
+//	                  <h> is <H> in lower case; only in the families some of those pods
+//	                  have an address of (a set and rule that would be empty are left out)
 //	                  (with DenyUnlisted, then:
 //	                  "-m set --match-set tabby-np-u4-egress src,src -j RETURN" for
 //	                  the local pods no egress policy selects (UnselectedSetName),
@@ -274,7 +275,8 @@ type Endpoint struct {
 //	                  the same for ingress, on the destination address and the
 //	                  output interface (with DenyUnlisted, tabby-np-u4-ingress,
 //	                  "-o tabby+ -j RETURN", "-j DROP")
-//	TABBY-NP-E-<h>   one chain per distinct set of egress policies selecting a pod (pods share it):
+//	TABBY-NP-E-<h>   one chain per distinct set of egress policies selecting a pod (pods share it),
+//	                 in the families its dispatch set is (those of its pods' addresses):
 //	                 -j MARK --set-xmark 0x0/0x30000
 //	                 -m comment --comment cnp-admin:<name> -j TABBY-NP-CE-<h>   per Admin ClusterNetworkPolicy,
 //	                 ...                                                  by priority then name
