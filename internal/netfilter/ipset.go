@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -249,9 +250,31 @@ func (b *SetBatch) member(verb, name, member string) {
 	b.b.WriteString(verb)
 	b.b.WriteString(name)
 	b.b.WriteByte(' ')
-	b.b.WriteString(member)
 	b.n++
+	// A hash:ip,port member's protocol goes by number: ipset looks a
+	// name up with getprotobyname, which reads /etc/protocols again for
+	// every line (restoring 10,000 "ip,tcp:port" members took about
+	// twice as long as with "ip,6:port"). ipset save prints the name
+	// either way. An interface name cannot hold ':', so "ip,iface" and
+	// "ip,physdev:iface" members are left alone.
+	if addr, rest, ok := strings.Cut(member, ","); ok {
+		if proto, port, ok := strings.Cut(rest, ":"); ok {
+			if n, ok := protoNumbers[proto]; ok {
+				b.b.WriteString(addr)
+				b.b.WriteByte(',')
+				b.b.WriteString(strconv.Itoa(int(n)))
+				b.b.WriteByte(':')
+				b.b.WriteString(port)
+				return
+			}
+		}
+	}
+	b.b.WriteString(member)
 }
+
+// protoNumbers are the protocol numbers of the names a hash:ip,port
+// member carries ("10.0.0.1,tcp:80").
+var protoNumbers = map[string]uint8{"tcp": 6, "udp": 17, "sctp": 132}
 
 // Destroy destroys set name.
 func (b *SetBatch) Destroy(name string) { b.words("destroy", name) }

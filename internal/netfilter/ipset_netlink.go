@@ -92,7 +92,7 @@ func NetlinkEntry(typ, member string) (netlink.IPSetEntry, bool) {
 	case "hash:ip,port":
 		proto, port, ok := strings.Cut(rest, ":")
 		p, err := strconv.ParseUint(port, 10, 16)
-		pn := map[string]uint8{"tcp": 6, "udp": 17, "sctp": 132}[proto]
+		pn := protoNumbers[proto]
 		if !ok || err != nil || pn == 0 || cidr != 8*len(e.IP) {
 			return e, false
 		}

@@ -72,7 +72,16 @@ func TestSetBatch(t *testing.T) {
 	more.Del("tabby-x", "10.2.0.0/16")
 	b.Append(&more)
 	b.Destroy("tabby-y")
-	want := "create tabby-x hash:net family inet hashsize 64\nadd tabby-x 10.0.0.0/8\nadd tabby-x 10.1.0.0/16 nomatch\ndel tabby-x 10.2.0.0/16\ndestroy tabby-y\n"
+	// Protocols by number (ipset would read /etc/protocols for a name);
+	// interfaces as they are.
+	b.Add("tabby-p", "10.0.0.1,tcp:80", false)
+	b.Del("tabby-p", "fd00::1,udp:53")
+	b.Add("tabby-p", "10.0.0.2,sctp:9000", false)
+	b.Add("tabby-i", "10.0.0.1,physdev:eth0", false)
+	b.Add("tabby-i", "10.0.0.1,tab0123", false)
+	want := "create tabby-x hash:net family inet hashsize 64\nadd tabby-x 10.0.0.0/8\nadd tabby-x 10.1.0.0/16 nomatch\ndel tabby-x 10.2.0.0/16\ndestroy tabby-y\n" +
+		"add tabby-p 10.0.0.1,6:80\ndel tabby-p fd00::1,17:53\nadd tabby-p 10.0.0.2,132:9000\n" +
+		"add tabby-i 10.0.0.1,physdev:eth0\nadd tabby-i 10.0.0.1,tab0123\n"
 	if got := b.String(); got != want || b.Empty() {
 		t.Errorf("SetBatch:\n%s\nwant\n%s", got, want)
 	}
