@@ -131,9 +131,16 @@ func (c *compiler) denials(sigs []*signature) []Denial {
 		}
 		out = append(out, Denial{Prefix: s.logPrefix(), Chain: s.name, Direction: s.dir.String(), Policies: pols})
 	}
+	// A ClusterNetworkPolicy's chain is in the Ruleset when a per-pod
+	// chain jumps to it (a Baseline policy's is not, when NetworkPolicies
+	// select all its pods).
+	chains := map[string]bool{}
+	for _, ch := range c.rs.Chains {
+		chains[ch.Name] = true
+	}
 	for _, p := range c.cnps {
 		for _, dir := range allDirections {
-			if p.used[dir] && p.drops(dir) {
+			if p.used[dir] && p.drops(dir) && chains[p.chain(dir)] {
 				out = append(out, Denial{Prefix: p.logPrefix(dir), Chain: p.chain(dir), Direction: dir.String(), Policies: []string{p.comment()}})
 			}
 		}

@@ -83,6 +83,7 @@ func (c *compiler) emit() *Ruleset {
 	for fam, family := range families {
 		c.emitFamily(fam, family, sigs)
 	}
+	c.dropUnnamedSets()
 	c.rs.Denials = c.denials(sigs)
 	c.sortRuleset()
 	rs := c.rs
@@ -169,23 +170,51 @@ func (c *compiler) emitFamily(fam int, family string, sigs []*signature) {
 	from, to, present := c.dispatchRules(fam, family, dev, sigs)
 	add(ChainFromPod, from)
 	add(ChainToPod, to)
+	// The policies' chains of the family are those its signature chains
+	// jump to: with no local pod of the family under a policy, its chain
+	// would be unreachable there (and the sets only it names, empty or
+	// not, made for nothing; emit leaves those out too).
+	named := map[string]bool{}
 	for _, s := range present {
-		add(s.name, s.rules(c.logRule(s.logPrefix())))
+		rules := s.rules(c.logRule(s.logPrefix()))
+		add(s.name, rules)
+		for _, r := range rules {
+			if i := slices.Index(r, "-j"); i >= 0 && i+1 < len(r) {
+				named[r[i+1]] = true
+			}
+		}
 	}
 	for _, p := range c.policies {
 		for _, dir := range allDirections {
-			if p.used[dir] {
+			if p.used[dir] && named[p.chain(dir)] {
 				add(p.chain(dir), p.rules[dir][fam])
 			}
 		}
 	}
 	for _, p := range c.cnps {
 		for _, dir := range allDirections {
-			if p.used[dir] {
+			if p.used[dir] && named[p.chain(dir)] {
 				add(p.chain(dir), p.rules[dir][fam])
 			}
 		}
 	}
+}
+
+// dropUnnamedSets leaves out of the Ruleset the sets no rule names: those
+// of policy rules in a family where the policy's chain is left out
+// (emitFamily).
+func (c *compiler) dropUnnamedSets() {
+	named := map[string]bool{}
+	for _, ch := range c.rs.Chains {
+		for _, r := range ch.Rules {
+			for i := 0; i+1 < len(r); i++ {
+				if r[i] == "--match-set" {
+					named[r[i+1]] = true
+				}
+			}
+		}
+	}
+	maps.DeleteFunc(c.sets, func(name string, _ *Set) bool { return !named[name] })
 }
 
 // forwardRules send traffic in from or out to a local pod's veth to

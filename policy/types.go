@@ -299,6 +299,9 @@ type Endpoint struct {
 //	                 and "-j MARK --set-xmark 0x10000/0x30000" (Accept), "... 0x20000/0x30000"
 //	                 (Pass) or "-j DROP" (Deny): the first rule of the tier to match decides
 //	TABBY-NP-CI-<h>  the same for ingress
+//	                 (the TABBY-NP-P*- and C*- chains of a family are those a per-pod chain of
+//	                 the family jumps to, and its sets those a rule of the family names: a
+//	                 node whose pods are IPv4 only has no policy chain or peer set in IPv6)
 //
 // Peer matches are "-m set --match-set tabby-np-p4-<h> src|dst" (pod IPs of
 // selector peers, hash:ip) and "-m set --match-set tabby-np-n4-<h> src|dst"
@@ -324,7 +327,7 @@ type Ruleset struct {
 	// Sets are every ipset tabby wants, names starting with SetPrefix and at
 	// most 26 bytes long (the kernel allows 31, which leaves room for a
 	// temporary name to swap with), sorted by name. Every set a rule names
-	// is listed, possibly empty; a set's name depends only on what defines
+	// is listed, possibly empty, and no other; a set's name depends only on what defines
 	// its members (the peer group's selectors, the exact CIDRs, the port name,
 	// the combination of policies of a dispatch set) and its family, so pod
 	// churn only changes members. The applier must create sets and add
