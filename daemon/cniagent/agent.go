@@ -15,7 +15,9 @@
 //
 // It also answers policy-wait (Config.Policy, tabbyd's NetworkPolicy
 // loop): the plugin's ADD waits there until the new pod's NetworkPolicy is
-// in the kernel.
+// in the kernel. Every block IPAM writes is handed to that loop at once
+// (PolicyWaiter.ObserveBlock), so it programs a new pod while the plugin
+// still wires it, rather than after the block's watch event.
 package cniagent
 
 import (
@@ -35,6 +37,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
@@ -64,6 +67,11 @@ type PolicyWaiter interface {
 	// address of ips, with the number of its sync; or with an error
 	// saying what is missing when ctx ends first.
 	WaitProgrammed(ctx context.Context, namespace, name, uid string, ips []netip.Addr) (uint64, error)
+	// ObserveBlock is told of every IPAMBlock version the agent's IPAM
+	// wrote or read from the API server, as soon as it has it: a new
+	// pod's allocation reaches the policy loop without waiting for its
+	// watch (a version the loop's informer has caught up with is ignored).
+	ObserveBlock(b *tabbyv1.IPAMBlock)
 }
 
 // Bounds of policy-wait on tabbyd's side.
@@ -110,6 +118,9 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: cfg.Log.With("component", "cni-agent"), pending: map[string]chan struct{}{}, met: newMetrics()}
 	a.caches = NewCaches(cfg.DS, cfg.NodeName)
 	a.caches.podLookup = func(source string) { a.met.podLookups.WithLabelValues(source).Inc() }
+	if cfg.Policy != nil {
+		a.caches.onBlock = cfg.Policy.ObserveBlock
+	}
 	a.ipam = ipam.New(cfg.DS, ipam.WithLogger(a.log), ipam.WithSource(a.caches))
 	a.ops = ipamops.Ops{DS: cfg.DS, IPAM: a.ipam}
 	if cfg.Metrics != nil {

@@ -42,6 +42,8 @@ type Caches struct {
 
 	// podLookup counts pod lookups by where they were answered.
 	podLookup func(source string)
+	// onBlock, when set, is also told of the blocks ObserveBlock is.
+	onBlock func(*tabbyv1.IPAMBlock)
 }
 
 // NewCaches makes the informers of node; Run starts them.
@@ -144,8 +146,13 @@ func (c *Caches) Handle(_ context.Context, name string) (*tabbyv1.IPAMHandle, er
 }
 
 // ObserveBlock remembers a block IPAM wrote or read, until the informer
-// has caught up with it.
-func (c *Caches) ObserveBlock(b *tabbyv1.IPAMBlock) { c.blockView.Mutation(b) }
+// has caught up with it, and passes it on to onBlock.
+func (c *Caches) ObserveBlock(b *tabbyv1.IPAMBlock) {
+	c.blockView.Mutation(b)
+	if c.onBlock != nil {
+		c.onBlock(b)
+	}
+}
 
 // IPAMConfig returns the IPAMConfiguration from the cache.
 func (c *Caches) IPAMConfig(context.Context) (*tabbyv1.IPAMConfiguration, error) {

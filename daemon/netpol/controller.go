@@ -158,6 +158,9 @@ type Controller struct {
 	lastErr error
 	// changed is closed (and replaced) when a sync ends.
 	changed chan struct{}
+
+	// hints are the blocks the CNI agent wrote ahead of the watch.
+	hints blockHints
 }
 
 // applied is the state one successful sync programmed.
@@ -218,7 +221,11 @@ func New(cfg Config) (*Controller, error) {
 	c.pods = informer(&corev1.Pod{}, cfg.DS.Pods(metav1.NamespaceAll), c.markDirty, podChanged)
 	c.namespaces = informer(&corev1.Namespace{}, cfg.DS.Namespaces, c.markDirty, namespaceChanged)
 	c.policies = informer(&networkingv1.NetworkPolicy{}, cfg.Policies, c.markDirty, nil)
-	c.blocks = informer(&tabbyv1.IPAMBlock{}, cfg.DS.IPAMBlocks, c.markDirty, blockChanged)
+	// An update to a version the agent handed over (ObserveBlock) was
+	// synced already.
+	c.blocks = informer(&tabbyv1.IPAMBlock{}, cfg.DS.IPAMBlocks, c.markDirty, func(old, new any) bool {
+		return !c.hints.caughtUp(new) && blockChanged(old, new)
+	})
 	if cfg.ClusterPolicies != nil {
 		c.cnps = informer(&unstructured.Unstructured{}, cfg.ClusterPolicies, c.markDirty, nil)
 		c.nodes = informer(&corev1.Node{}, cfg.DS.Nodes, c.markDirty, nodeChanged)
@@ -298,7 +305,7 @@ func (c *Controller) Input() *policy.Input {
 // input is Input and the ClusterNetworkPolicies that could not be decoded.
 func (c *Controller) input() (*policy.Input, []policy.Problem) {
 	in := BuildInput(c.cfg.Node, datastore.StoreList[corev1.Pod](c.pods), datastore.StoreList[corev1.Namespace](c.namespaces),
-		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), datastore.StoreList[tabbyv1.IPAMBlock](c.blocks))
+		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), c.hints.storeBlocks(c.blocks))
 	in.DenyUnlisted = c.cfg.DenyUnlisted
 	in.Limits = c.cfg.Limits
 	in.DeniedLog = c.cfg.DeniedLog

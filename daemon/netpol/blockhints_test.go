@@ -1,0 +1,174 @@
+package netpol
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+func hintBlock(name, rv string, allocs ...int) *tabbyv1.IPAMBlock {
+	b := &tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv}}
+	for _, a := range allocs {
+		b.Spec.Allocations = append(b.Spec.Allocations, a)
+	}
+	return b
+}
+
+// blockIDs names each block by name@resourceVersion.
+func blockIDs(bs []*tabbyv1.IPAMBlock) []string {
+	out := make([]string, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, b.Name+"@"+b.ResourceVersion)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestBlockHintsOverlay(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		hints      []*tabbyv1.IPAMBlock
+		store      []*tabbyv1.IPAMBlock
+		lastSynced string
+		want       []string // the input's blocks
+		kept       []string // the hints left
+	}{{
+		name:  "no hints: the informer's blocks",
+		store: []*tabbyv1.IPAMBlock{hintBlock("a", "5"), hintBlock("b", "6")},
+		want:  []string{"a@5", "b@6"},
+	}, {
+		name:       "a hint newer than the informer's copy replaces it",
+		hints:      []*tabbyv1.IPAMBlock{hintBlock("a", "9", 0)},
+		store:      []*tabbyv1.IPAMBlock{hintBlock("a", "5"), hintBlock("b", "6")},
+		lastSynced: "8",
+		want:       []string{"a@9", "b@6"},
+		kept:       []string{"a@9"},
+	}, {
+		name:       "the informer's copy at the hint's version: the hint is dropped",
+		hints:      []*tabbyv1.IPAMBlock{hintBlock("a", "9", 0)},
+		store:      []*tabbyv1.IPAMBlock{hintBlock("a", "9", 0)},
+		lastSynced: "9",
+		want:       []string{"a@9"},
+	}, {
+		name:       "a later write the informer has (a release) wins over the hint",
+		hints:      []*tabbyv1.IPAMBlock{hintBlock("a", "9", 0)},
+		store:      []*tabbyv1.IPAMBlock{hintBlock("a", "12")},
+		lastSynced: "12",
+		want:       []string{"a@12"},
+	}, {
+		name:       "a block created ahead of the watch is added",
+		hints:      []*tabbyv1.IPAMBlock{hintBlock("new", "9", 0)},
+		store:      []*tabbyv1.IPAMBlock{hintBlock("a", "5")},
+		lastSynced: "7",
+		want:       []string{"a@5", "new@9"},
+		kept:       []string{"new@9"},
+	}, {
+		name:       "a hinted block the informer no longer has after seeing past the hint was deleted",
+		hints:      []*tabbyv1.IPAMBlock{hintBlock("gone", "9", 0)},
+		store:      []*tabbyv1.IPAMBlock{hintBlock("a", "5")},
+		lastSynced: "10",
+		want:       []string{"a@5"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h blockHints
+			for _, b := range tc.hints {
+				if !h.observe(b) {
+					t.Fatalf("hint %s@%s not kept", b.Name, b.ResourceVersion)
+				}
+			}
+			got := blockIDs(h.overlay(slices.Clone(tc.store), tc.lastSynced))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("blocks %v, want %v", got, tc.want)
+			}
+			var kept []*tabbyv1.IPAMBlock
+			for _, hint := range h.m {
+				kept = append(kept, hint.b)
+			}
+			if k := blockIDs(kept); !slices.Equal(k, tc.kept) && len(k)+len(tc.kept) > 0 {
+				t.Errorf("hints kept %v, want %v", k, tc.kept)
+			}
+		})
+	}
+}
+
+func TestBlockHintsObserveAndCatchUp(t *testing.T) {
+	var h blockHints
+	if h.observe(hintBlock("a", "", 0)) || h.observe(hintBlock("a", "x1", 0)) {
+		t.Error("a block without a numeric resourceVersion was kept")
+	}
+	if !h.observe(hintBlock("a", "10", 0)) {
+		t.Fatal("a@10 not kept")
+	}
+	if h.observe(hintBlock("a", "8")) || h.m["a"].rv != 10 {
+		t.Errorf("an older version replaced the hint: %v", h.m["a"].rv)
+	}
+	// The informer reaching an older version keeps the hint.
+	if h.caughtUp(hintBlock("a", "8")) || h.m["a"].rv != 10 {
+		t.Error("an older informer version dropped the hint")
+	}
+	// Reaching its very version: a sync already used it.
+	if !h.caughtUp(hintBlock("a", "10", 0)) {
+		t.Error("the hint's own version was taken for a change")
+	}
+	if _, ok := h.m["a"]; ok {
+		t.Error("the hint outlived the informer catching up")
+	}
+	// A newer version than the hint is a change, and drops it.
+	h.observe(hintBlock("b", "20", 0))
+	if h.caughtUp(hintBlock("b", "21")) {
+		t.Error("a version newer than the hint was not taken for a change")
+	}
+	if _, ok := h.m["b"]; ok {
+		t.Error("the hint outlived a newer version")
+	}
+	if h.caughtUp("not a block") || h.caughtUp(hintBlock("c", "3")) {
+		t.Error("caughtUp without a hint")
+	}
+}
+
+// TestBlockHintOlderThanRelease: against the real API server, a block
+// version the agent hands over after the informer has seen a later write
+// (the pod's address released) puts nothing back: the release stands.
+func TestBlockHintOlderThanRelease(t *testing.T) {
+	w := newWorld(t)
+	p := w.pod(t, "hinted", w.node, map[string]string{"app": "h"})
+	r := w.start(t, nil)
+	handle := w.network + "." + string(p.UID)
+	got, err := w.ipam.Assign(context.Background(), ipam.Request{HandleID: handle, Node: w.node, Namespace: p.Namespace, Pod: p.Name, IPv4: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, _ := netip.AddrFromSlice(got[0].IP)
+	ip = ip.Unmap()
+	blocks, err := w.ds.IPAMBlocks.List(context.Background(), metav1.ListOptions{LabelSelector: tabbyv1.LabelNode + "=" + ipam.NodeLabelValue(w.node)})
+	if err != nil || len(blocks.Items) != 1 {
+		t.Fatalf("the node's blocks: %v, %v", blocks, err)
+	}
+	allocated := blocks.Items[0].DeepCopy()
+	if _, err := r.c.WaitProgrammed(waitCtx(t, 30*time.Second), w.ns, p.Name, string(p.UID), []netip.Addr{ip}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.ipam.ReleaseHandle(context.Background(), handle, w.node); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := func() bool {
+		for _, e := range r.c.Input().Endpoints {
+			if e.Pod.Name == p.Name && e.Pod.Namespace == p.Namespace {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(t, "the release to reach the controller", func() bool { return !endpoint() })
+	r.c.ObserveBlock(allocated)
+	if endpoint() {
+		t.Errorf("a hint older than the release (resourceVersion %s) put %s back", allocated.ResourceVersion, ip)
+	}
+}
