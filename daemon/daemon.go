@@ -36,8 +36,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
-	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
@@ -191,7 +189,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	if cfg.CNIKubeconfig != "" {
-		if err := startCNIToken(gs, cfg, rc); err != nil {
+		if err := startCNIToken(gs, cfg, ds); err != nil {
 			return err
 		}
 	}
@@ -388,13 +386,13 @@ func startIPAMGC(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 	if err != nil {
 		return err
 	}
-	leases, err := coordinationv1client.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("building the coordination.k8s.io client for the IPAM garbage collector's Lease: %w", err)
-	}
 	ns := cfg.Namespace
 	if ns == "" {
 		ns = DefaultNamespace
+	}
+	leases, err := newLeaseClient(rc, ns)
+	if err != nil {
+		return fmt.Errorf("building the Lease client of the IPAM garbage collector's election: %w", err)
 	}
 	gs.Go("IPAM GC", func(ctx context.Context) error {
 		err := collector.RunElected(ctx, gc.Election{Leases: leases, Namespace: ns, Identity: cfg.NodeName})
@@ -408,11 +406,7 @@ func startIPAMGC(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 
 // startCNIToken keeps the CNI plugin's kubeconfig carrying a valid token
 // until ctx ends.
-func startCNIToken(gs *goroutines, cfg Config, rc *rest.Config) error {
-	cs, err := corev1client.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("building the client that mints the CNI plugin's token: %w", err)
-	}
+func startCNIToken(gs *goroutines, cfg Config, ds *datastore.Client) error {
 	ns, sa := cfg.Namespace, cfg.CNIServiceAccount
 	if ns == "" {
 		ns = DefaultNamespace
@@ -421,7 +415,7 @@ func startCNIToken(gs *goroutines, cfg Config, rc *rest.Config) error {
 		sa = cnitoken.DefaultServiceAccount
 	}
 	r := &cnitoken.Refresher{
-		Minter: cnitoken.Minter{Client: cs, Namespace: ns, ServiceAccount: sa, Lifetime: cfg.CNITokenLifetime},
+		Minter: cnitoken.Minter{Client: ds.CoreREST(), Namespace: ns, ServiceAccount: sa, Lifetime: cfg.CNITokenLifetime},
 		Path:   cfg.CNIKubeconfig,
 		Log:    cfg.Log.With("component", "cni-token"),
 	}

@@ -11,11 +11,14 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/tabbynet/tabby/contract"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/loop"
 )
 
@@ -114,11 +117,10 @@ func (h *heartbeat) apiError() error {
 
 // newHeartbeat makes the heartbeat of node's Lease in namespace.
 func newHeartbeat(rc *rest.Config, namespace, node string, ready func() error, log *slog.Logger) (*heartbeat, error) {
-	cs, err := coordclient.NewForConfig(rc)
+	leases, err := newLeaseClient(rc, namespace)
 	if err != nil {
-		return nil, fmt.Errorf("heartbeat: building the coordination.k8s.io client: %w", err)
+		return nil, fmt.Errorf("heartbeat: %w", err)
 	}
-	leases := cs.Leases(namespace)
 	name := contract.HeartbeatLeaseName(node)
 	return &heartbeat{
 		ready: ready,
@@ -140,7 +142,7 @@ func (h *heartbeat) run(ctx context.Context) error {
 	}).Run(ctx)
 }
 
-func renewLease(ctx context.Context, leases coordclient.LeaseInterface, name, node string) error {
+func renewLease(ctx context.Context, leases *leaseClient, name, node string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	now := metav1.NewMicroTime(time.Now())
@@ -156,4 +158,29 @@ func renewLease(ctx context.Context, leases coordclient.LeaseInterface, name, no
 	l.Spec = spec
 	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 	return err
+}
+
+// leaseScheme knows the Leases (coordination.k8s.io/v1) tabbyd writes: its
+// heartbeat and the IPAM garbage collector's election.
+var leaseScheme = runtime.NewScheme()
+
+func init() { utilruntime.Must(coordinationv1.AddToScheme(leaseScheme)) }
+
+// leaseClient reaches the Leases of one namespace.
+type leaseClient = gentype.ClientWithList[*coordinationv1.Lease, *coordinationv1.LeaseList]
+
+// newLeaseClient is the Lease client of namespace on the API server of rc:
+// client-go's generic client over a scheme of Leases alone, as the
+// datastore's clients are, not client-go's typed clientset (whose scheme
+// registers every API group of Kubernetes, a large part of tabbyd's
+// resident memory).
+func newLeaseClient(rc *rest.Config, namespace string) (*leaseClient, error) {
+	r, err := datastore.GroupREST(rc, coordinationv1.SchemeGroupVersion, leaseScheme)
+	if err != nil {
+		return nil, err
+	}
+	return gentype.NewClientWithList[*coordinationv1.Lease, *coordinationv1.LeaseList]("leases", r,
+		runtime.NewParameterCodec(leaseScheme), namespace,
+		func() *coordinationv1.Lease { return &coordinationv1.Lease{} },
+		func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} }), nil
 }

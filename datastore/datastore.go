@@ -160,6 +160,26 @@ func New(cfg *rest.Config) (*Client, error) {
 	return newClient(tabbyREST, coreREST, cfg.Host), nil
 }
 
+// GroupREST is a REST client of one more API group (gv, under /apis) on
+// the API server of cfg, decoding with s: for the groups tabbyd reads that
+// the datastore's scheme leaves out (Leases), without client-go's typed
+// clientset, whose scheme registers every API group of Kubernetes.
+func GroupREST(cfg *rest.Config, gv schema.GroupVersion, s *runtime.Scheme) (rest.Interface, error) {
+	c := rest.CopyConfig(cfg)
+	if c.UserAgent == "" {
+		c.UserAgent = "tabby"
+	}
+	c.GroupVersion = &gv
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(s).WithoutConversion()
+	c.ContentType = runtime.ContentTypeJSON
+	rc, err := rest.RESTClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("building the %s client: %w", gv, err)
+	}
+	return rc, nil
+}
+
 func newClient(tabbyREST, coreREST rest.Interface, host string) *Client {
 	pc := ParameterCodec
 	return &Client{

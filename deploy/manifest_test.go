@@ -433,7 +433,7 @@ func TestCNICredentialsDoIPAM(t *testing.T) {
 
 	// tabbyd's refresher, as tabby-node, replaces it with a new one.
 	r := &cnitoken.Refresher{
-		Minter: cnitoken.Minter{Client: tokenClient(t, nodeToken).CoreV1(), Namespace: namespace, ServiceAccount: "tabby-cni", Lifetime: cnitoken.DefaultLifetime},
+		Minter: cnitoken.Minter{Client: tokenClient(t, nodeToken).CoreV1().RESTClient(), Namespace: namespace, ServiceAccount: "tabby-cni", Lifetime: cnitoken.DefaultLifetime},
 		Path:   kubeconfig,
 	}
 	if _, err := r.Refresh(ctx); err != nil {

@@ -558,7 +558,7 @@ func (o Options) mintCNIToken(podToken, ca []byte) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.APITimeout)
 	defer cancel()
-	m := cnitoken.Minter{Client: cs, Namespace: ns, ServiceAccount: name, Lifetime: o.TokenLifetime}
+	m := cnitoken.Minter{Client: cs.RESTClient(), Namespace: ns, ServiceAccount: name, Lifetime: o.TokenLifetime}
 	for {
 		t, err := m.Mint(ctx)
 		var status apierrors.APIStatus

@@ -26,7 +26,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -63,9 +63,10 @@ type Token struct {
 
 // Minter mints tokens of one service account.
 type Minter struct {
-	// Client reaches the API server as someone allowed to create
-	// serviceaccounts/token of the account (tabby-node).
-	Client                    corev1client.ServiceAccountsGetter
+	// Client is a REST client of the core API group (/api/v1: client-go's
+	// CoreV1().RESTClient(), or the datastore's CoreREST()) as someone
+	// allowed to create serviceaccounts/token of the account (tabby-node).
+	Client                    rest.Interface
 	Namespace, ServiceAccount string
 	// Lifetime asked for (default DefaultLifetime, at least MinLifetime).
 	Lifetime time.Duration
@@ -84,8 +85,16 @@ func (m Minter) Mint(ctx context.Context) (Token, error) {
 	}
 	secs := int64(lifetime / time.Second)
 	issued := time.Now()
-	tr, err := m.Client.ServiceAccounts(m.Namespace).CreateToken(ctx, m.ServiceAccount,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	// The call client-go's typed CreateToken makes, without its clientset.
+	// The request says what it is: the datastore's scheme does not know
+	// TokenRequests.
+	req := &authenticationv1.TokenRequest{
+		TypeMeta: metav1.TypeMeta{APIVersion: authenticationv1.SchemeGroupVersion.String(), Kind: "TokenRequest"},
+		Spec:     authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs},
+	}
+	tr := &authenticationv1.TokenRequest{}
+	err := m.Client.Post().Namespace(m.Namespace).Resource("serviceaccounts").Name(m.ServiceAccount).SubResource("token").
+		Body(req).Do(ctx).Into(tr)
 	if err != nil {
 		return Token{}, fmt.Errorf("minting a token of the service account %s/%s (TokenRequest): %w (the caller needs create on serviceaccounts/token of %s: the tabby-node Role)",
 			m.Namespace, m.ServiceAccount, err, m.ServiceAccount)

@@ -121,7 +121,7 @@ func TestRefresherRewritesBeforeExpiry(t *testing.T) {
 	var waits []time.Duration
 	written := make(chan string, 4)
 	r := &Refresher{
-		Minter: Minter{Client: cs.CoreV1(), Namespace: DefaultNamespace, ServiceAccount: DefaultServiceAccount, Lifetime: MinLifetime},
+		Minter: Minter{Client: cs.CoreV1().RESTClient(), Namespace: DefaultNamespace, ServiceAccount: DefaultServiceAccount, Lifetime: MinLifetime},
 		Path:   path,
 		Refreshed: func(tk Token) {
 			tokens = append(tokens, tk)
@@ -164,15 +164,15 @@ func TestRefresherRewritesBeforeExpiry(t *testing.T) {
 // TestRefreshFailsClearly: what goes wrong says what to do.
 func TestRefreshFailsClearly(t *testing.T) {
 	cs, path := setup(t)
-	r := &Refresher{Minter: Minter{Client: cs.CoreV1(), Namespace: DefaultNamespace, ServiceAccount: "no-such-account"}, Path: path}
+	r := &Refresher{Minter: Minter{Client: cs.CoreV1().RESTClient(), Namespace: DefaultNamespace, ServiceAccount: "no-such-account"}, Path: path}
 	if _, err := r.Refresh(context.Background()); err == nil || !strings.Contains(err.Error(), "no-such-account") {
 		t.Errorf("minting for a missing account: %v", err)
 	}
-	r = &Refresher{Minter: Minter{Client: cs.CoreV1(), Namespace: DefaultNamespace, ServiceAccount: DefaultServiceAccount, Lifetime: time.Minute}, Path: path}
+	r = &Refresher{Minter: Minter{Client: cs.CoreV1().RESTClient(), Namespace: DefaultNamespace, ServiceAccount: DefaultServiceAccount, Lifetime: time.Minute}, Path: path}
 	if _, err := r.Refresh(context.Background()); err == nil || !strings.Contains(err.Error(), "minimum") {
 		t.Errorf("a one-minute lifetime: %v", err)
 	}
-	r = &Refresher{Minter: Minter{Client: cs.CoreV1(), Namespace: DefaultNamespace, ServiceAccount: DefaultServiceAccount}, Path: path + ".missing"}
+	r = &Refresher{Minter: Minter{Client: cs.CoreV1().RESTClient(), Namespace: DefaultNamespace, ServiceAccount: DefaultServiceAccount}, Path: path + ".missing"}
 	if _, err := r.Refresh(context.Background()); err == nil || !strings.Contains(err.Error(), "install-cni writes it") {
 		t.Errorf("no kubeconfig: %v", err)
 	}

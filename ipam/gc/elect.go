@@ -3,18 +3,15 @@ package gc
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	coordinationv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/klog/v2"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 )
 
 // Leader election defaults, as kube-controller-manager's.
@@ -24,17 +21,31 @@ const (
 	DefaultRetryPeriod   = 2 * time.Second
 )
 
+// LeaseClient reaches the Leases (coordination.k8s.io/v1) of the
+// election's namespace: client-go's typed LeaseInterface satisfies it, and
+// so does its generic client (gentype), which tabbyd uses to stay clear of
+// the typed clientset's scheme of every API group.
+type LeaseClient interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
+	Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)
+	Update(ctx context.Context, lease *coordinationv1.Lease, opts metav1.UpdateOptions) (*coordinationv1.Lease, error)
+}
+
 // Election configures the Lease the collectors elect their active one with.
 type Election struct {
-	// Leases reaches coordination.k8s.io (required).
-	Leases coordinationv1client.LeasesGetter
+	// Leases reaches the Leases of Namespace (required).
+	Leases LeaseClient
 	// Namespace and Name of the Lease (Name default DefaultLeaseName).
 	Namespace, Name string
 	// Identity of this candidate, e.g. its node name (required; unique).
 	Identity string
-	// LeaseDuration, RenewDeadline and RetryPeriod: see client-go's
-	// leaderelection (defaults DefaultLeaseDuration, DefaultRenewDeadline,
-	// DefaultRetryPeriod).
+	// LeaseDuration, RenewDeadline and RetryPeriod, as client-go's
+	// leaderelection has them (defaults DefaultLeaseDuration,
+	// DefaultRenewDeadline, DefaultRetryPeriod): a candidate takes a Lease
+	// over once its holder has not renewed it for the holder's
+	// LeaseDuration (by this candidate's clock, from when it saw the
+	// record change); the leader renews every RetryPeriod and stops
+	// leading when no renewal succeeded for RenewDeadline.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 }
 
@@ -42,56 +53,35 @@ type Election struct {
 // collector (Run) while it holds the Lease. When it loses the Lease the
 // passes stop, and it stands again. When ctx ends the passes stop first,
 // then the Lease is released, so another candidate takes over at once.
+//
+// The election is client-go's leaderelection's, on a Lease, written here
+// over LeaseClient: client-go's package needs the typed clientset, which
+// links and registers every API group of Kubernetes into tabbyd.
 func (g *GC) RunElected(ctx context.Context, e Election) error {
 	e, err := e.withDefaults()
 	if err != nil {
 		return err
 	}
-	lock := &loggingLock{Interface: &resourcelock.LeaseLock{
-		LeaseMeta:  metaOf(e.Namespace, e.Name),
-		Client:     e.Leases,
-		LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
-	}, g: g, where: e.Namespace + "/" + e.Name}
-
-	// The election runs on its own context, cancelled only once the passes
-	// have stopped: the Lease is released after the last write. client-go's
-	// elector logs with the logger the context carries (klog's global one
-	// otherwise): this one puts its lines into the collector's log, at
-	// levels fit for an election that has losers by design.
-	electCtx, stopElection := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopElection()
-	electCtx = klog.NewContext(electCtx, electionLogger(g.log))
-	terms := newTermCount()
-	go func() {
-		<-ctx.Done()
-		terms.wait()
-		stopElection()
-	}()
-	lead := func(lctx context.Context) {
-		terms.begin()
-		defer terms.end()
-		g.lead(ctx, lctx, e)
-	}
-	for electCtx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock:            lock,
-			LeaseDuration:   e.LeaseDuration,
-			RenewDeadline:   e.RenewDeadline,
-			RetryPeriod:     e.RetryPeriod,
-			ReleaseOnCancel: true,
-			Name:            e.Name,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: lead,
-				OnStoppedLeading: func() {},
-			},
-		})
-		if err != nil {
-			return fmt.Errorf("ipam gc: leader election: %w", err)
+	el := &elector{e: e, log: g.log.With("component", "leaderelection"), where: e.Namespace + "/" + e.Name}
+	for {
+		if !el.acquire(ctx) {
+			return nil // ctx ended
 		}
-		le.Run(electCtx) // returns when the Lease is lost or the election ends
-		terms.wait()
+		lctx, lost := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			g.lead(lctx, e)
+		}()
+		el.renew(lctx) // until a renewal fails for RenewDeadline, or ctx ends
+		lost()
+		<-done // the passes have stopped
+		if ctx.Err() != nil {
+			el.release()
+			return nil
+		}
+		el.log.Info("lost the IPAM garbage collector's Lease", "lease", el.where, "identity", e.Identity)
 	}
-	return nil
 }
 
 // withDefaults checks the required fields and fills in the defaults.
@@ -114,55 +104,15 @@ func (e Election) withDefaults() (Election, error) {
 	return e, nil
 }
 
-// termCount counts the terms whose passes are running, so that the
-// election waits for them to stop.
-type termCount struct {
-	mu    sync.Mutex
-	ended *sync.Cond
-	n     int
-}
-
-func newTermCount() *termCount {
-	t := &termCount{}
-	t.ended = sync.NewCond(&t.mu)
-	return t
-}
-
-func (t *termCount) begin() {
-	t.mu.Lock()
-	t.n++
-	t.mu.Unlock()
-}
-
-func (t *termCount) end() {
-	t.mu.Lock()
-	t.n--
-	t.ended.Broadcast()
-	t.mu.Unlock()
-}
-
-// wait returns once no term's passes are running.
-func (t *termCount) wait() {
-	t.mu.Lock()
-	for t.n > 0 {
-		t.ended.Wait()
-	}
-	t.mu.Unlock()
-}
-
-// lead is one term: the collector runs until the Lease is lost (lctx
-// ends) or ctx ends.
-func (g *GC) lead(ctx, lctx context.Context, e Election) {
-	wctx, cancel := context.WithCancel(lctx)
-	defer cancel()
-	stop := context.AfterFunc(ctx, cancel)
-	defer stop()
-	if wctx.Err() != nil {
+// lead is one term: the collector runs until ctx ends (the Lease is lost
+// or the election ends).
+func (g *GC) lead(ctx context.Context, e Election) {
+	if ctx.Err() != nil {
 		return
 	}
 	g.startedLeading(e)
 	defer g.stoppedLeading(e)
-	g.runRestarting(wctx, e.RetryPeriod)
+	g.runRestarting(ctx, e.RetryPeriod)
 }
 
 func (g *GC) startedLeading(e Election) {
@@ -195,114 +145,201 @@ func (g *GC) runRestarting(ctx context.Context, retry time.Duration) {
 	}
 }
 
-func metaOf(namespace, name string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Namespace: namespace, Name: name}
+// elector is one candidate's side of the election.
+type elector struct {
+	e     Election
+	log   *slog.Logger
+	where string // namespace/name, for messages
+
+	// observed is the Lease as last read or written, and observedAt when
+	// its record last changed (by this candidate's clock).
+	observed   *coordinationv1.Lease
+	observedAt time.Time
+	leading    bool
+
+	mu   sync.Mutex
+	last string // the error last reported by note
 }
 
-// loggingLock says once, in tabbyd's log, why the Lease cannot be had (a
-// missing namespace, missing RBAC, an unreachable API server), and when
-// it can again; client-go's elector only retries.
-type loggingLock struct {
-	resourcelock.Interface
-	g     *GC
-	where string
-	mu    sync.Mutex
-	last  string
+// acquire tries for the Lease every RetryPeriod (jittered) until it has
+// it (true) or ctx ends (false).
+func (el *elector) acquire(ctx context.Context) bool {
+	for {
+		if el.tryAcquireOrRenew(ctx) {
+			el.log.Info("acquired the IPAM garbage collector's Lease", "lease", el.where, "identity", el.e.Identity)
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait.Jitter(el.e.RetryPeriod, 1.2)):
+		}
+	}
 }
 
-func (l *loggingLock) note(ctx context.Context, op string, err error) {
+// renew renews the Lease every RetryPeriod until ctx ends, or until no
+// renewal succeeded for RenewDeadline (it then no longer leads).
+func (el *elector) renew(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(el.e.RetryPeriod):
+		}
+		dctx, cancel := context.WithTimeout(ctx, el.e.RenewDeadline)
+		err := wait.PollUntilContextCancel(dctx, el.e.RetryPeriod, true, func(ctx context.Context) (bool, error) {
+			return el.tryAcquireOrRenew(ctx), nil
+		})
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				el.leading = false // it gave up: the Lease is lost
+			}
+			return
+		}
+	}
+}
+
+// tryAcquireOrRenew makes one attempt at taking or renewing the Lease, and
+// says whether this candidate holds it now.
+func (el *elector) tryAcquireOrRenew(ctx context.Context) bool {
+	now := time.Now()
+	me := el.e.Identity
+	// The leader first renews the Lease it last wrote: one call, which a
+	// conflict sends down the long way.
+	if el.leading && el.observed != nil {
+		l := el.observed.DeepCopy()
+		el.stamp(l, now)
+		if u, err := el.e.Leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+			el.observe(u, now)
+			el.note(ctx, "update", nil)
+			return true
+		}
+	}
+	l, err := el.e.Leases.Get(ctx, el.e.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: el.e.Namespace, Name: el.e.Name}}
+		el.stamp(l, now)
+		c, err := el.e.Leases.Create(ctx, l, metav1.CreateOptions{})
+		if err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				el.log.Debug("lost the race to create the IPAM garbage collector's Lease", "lease", el.where, "error", err)
+			} else {
+				el.note(ctx, "create", err)
+			}
+			return false
+		}
+		el.note(ctx, "create", nil)
+		el.observe(c, now)
+		return true
+	}
+	el.note(ctx, "read", err)
+	if err != nil {
+		return false
+	}
+	if el.observed == nil || !sameRecord(el.observed.Spec, l.Spec) {
+		el.observed, el.observedAt = l, now
+	}
+	holder := ptr.Deref(l.Spec.HolderIdentity, "")
+	held := time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0)) * time.Second
+	if holder != "" && holder != me && el.observedAt.Add(held).After(now) {
+		el.leading = false
+		return false
+	}
+	l = l.DeepCopy()
+	el.stamp(l, now)
+	u, err := el.e.Leases.Update(ctx, l, metav1.UpdateOptions{})
+	if err != nil {
+		if apierrors.IsConflict(err) {
+			el.log.Debug("lost the race to update the IPAM garbage collector's Lease", "lease", el.where, "error", err)
+		} else {
+			el.note(ctx, "update", err)
+		}
+		return false
+	}
+	el.note(ctx, "update", nil)
+	el.observe(u, now)
+	return true
+}
+
+// stamp makes l's record this candidate's, renewed at now. Taking over
+// a Lease that exists (it has a resourceVersion) from another holder, or
+// from none, counts a transition, as client-go's elector does; either way
+// a new holder's acquire time is now.
+func (el *elector) stamp(l *coordinationv1.Lease, now time.Time) {
+	t := metav1.NewMicroTime(now)
+	if ptr.Deref(l.Spec.HolderIdentity, "") != el.e.Identity {
+		l.Spec.AcquireTime = &t
+		if l.ResourceVersion != "" {
+			l.Spec.LeaseTransitions = ptr.To(ptr.Deref(l.Spec.LeaseTransitions, 0) + 1)
+		}
+	}
+	if l.Spec.LeaseTransitions == nil {
+		l.Spec.LeaseTransitions = ptr.To[int32](0)
+	}
+	l.Spec.HolderIdentity = ptr.To(el.e.Identity)
+	l.Spec.LeaseDurationSeconds = ptr.To(int32(el.e.LeaseDuration / time.Second))
+	l.Spec.RenewTime = &t
+}
+
+// observe records the Lease this candidate just wrote: it leads.
+func (el *elector) observe(l *coordinationv1.Lease, now time.Time) {
+	el.observed, el.observedAt, el.leading = l, now, true
+}
+
+// release hands the Lease over when this candidate holds it: no holder,
+// expired at once, so another candidate takes it on its next try.
+func (el *elector) release() {
+	if !el.leading || el.observed == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), el.e.RenewDeadline)
+	defer cancel()
+	l := el.observed.DeepCopy()
+	now := metav1.NewMicroTime(time.Now())
+	l.Spec.HolderIdentity = ptr.To("")
+	l.Spec.LeaseDurationSeconds = ptr.To[int32](1)
+	l.Spec.AcquireTime, l.Spec.RenewTime = &now, &now
+	if _, err := el.e.Leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		el.log.Info("could not release the IPAM garbage collector's Lease: another collector takes over once it expires", "lease", el.where, "error", err)
+		return
+	}
+	el.leading = false
+}
+
+// sameRecord says whether two Leases carry the same election record.
+func sameRecord(a, b coordinationv1.LeaseSpec) bool {
+	return ptr.Deref(a.HolderIdentity, "") == ptr.Deref(b.HolderIdentity, "") &&
+		ptr.Equal(a.LeaseDurationSeconds, b.LeaseDurationSeconds) &&
+		ptr.Equal(a.LeaseTransitions, b.LeaseTransitions) &&
+		microEqual(a.AcquireTime, b.AcquireTime) && microEqual(a.RenewTime, b.RenewTime)
+}
+
+func microEqual(a, b *metav1.MicroTime) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(b)
+}
+
+// note says once, in tabbyd's log, why the Lease cannot be had (a missing
+// namespace, missing RBAC, an unreachable API server), and when it can
+// again. A Lease not found, and the races candidates lose by design, are
+// no failure and not noted.
+func (el *elector) note(ctx context.Context, op string, err error) {
 	if err != nil && ctx.Err() != nil {
-		// The elector is stopping (tabbyd shuts down, or it gave up
-		// leading): the call was cut short, the Lease is not at fault.
+		// The election is stopping (tabbyd shuts down, or the renewal
+		// gave up): the call was cut short, the Lease is not at fault.
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	el.mu.Lock()
+	defer el.mu.Unlock()
 	switch {
-	case err == nil && l.last != "":
-		l.last = ""
-		l.g.log.Info("the IPAM garbage collector's Lease is reachable again", "lease", l.where)
-	case err != nil && err.Error() != l.last:
-		l.last = err.Error()
-		l.g.log.Warn("cannot "+op+" the IPAM garbage collector's Lease: check that the namespace exists and that tabbyd may get, create and update leases there", "lease", l.where, "error", err)
+	case err == nil && el.last != "":
+		el.last = ""
+		el.log.Info("the IPAM garbage collector's Lease is reachable again", "lease", el.where)
+	case err != nil && err.Error() != el.last:
+		el.last = err.Error()
+		el.log.Warn("cannot "+op+" the IPAM garbage collector's Lease: check that the namespace exists and that tabbyd may get, create and update leases there", "lease", el.where, "error", err)
 	}
-}
-
-func (l *loggingLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
-	r, b, err := l.Interface.Get(ctx)
-	if err == nil || !apierrors.IsNotFound(err) {
-		l.note(ctx, "read", err)
-	}
-	return r, b, err
-}
-
-func (l *loggingLock) Create(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
-	err := l.Interface.Create(ctx, ler)
-	if !apierrors.IsAlreadyExists(err) {
-		l.note(ctx, "create", err)
-	}
-	return err
-}
-
-func (l *loggingLock) Update(ctx context.Context, ler resourcelock.LeaderElectionRecord) error {
-	err := l.Interface.Update(ctx, ler)
-	if !apierrors.IsConflict(err) {
-		l.note(ctx, "update", err)
-	}
-	return err
-}
-
-// electionLogger is the logger client-go's elector gets (and the REST
-// client under it): its lines go to log (tagged
-// component=leaderelection), its info at level 0 as Info, at levels 1 to 4
-// as Debug, and its errors as Debug too; its traces (level 5 and up, such
-// as request and response bodies) nowhere. Every error
-// the elector logs is the failure of a call on the Lease, and loggingLock
-// has seen each one first: a lost race (AlreadyExists when two candidates
-// create the Lease at once, Conflict when two update it) is the normal lot
-// of a candidate that does not lead, and every other failure loggingLock
-// reports once, as a warning saying what to check. At error level they
-// would only repeat that every RetryPeriod, or cry wolf on the loser.
-func electionLogger(log *slog.Logger) klog.Logger {
-	return klog.New(&electionSink{log: log.With("component", "leaderelection")})
-}
-
-type electionSink struct {
-	log    *slog.Logger
-	values []any
-}
-
-func (s *electionSink) Init(klog.RuntimeInfo) {}
-
-// maxElectionV is the most verbose level of client-go's that is logged.
-const maxElectionV = 4
-
-func electionLevel(v int) slog.Level {
-	if v <= 0 {
-		return slog.LevelInfo
-	}
-	return slog.LevelDebug
-}
-
-func (s *electionSink) Enabled(v int) bool {
-	return v <= maxElectionV && s.log.Enabled(context.Background(), electionLevel(v))
-}
-
-func (s *electionSink) Info(v int, msg string, kv ...any) {
-	if v > maxElectionV {
-		return
-	}
-	s.log.Log(context.Background(), electionLevel(v), msg, append(slices.Clip(s.values), kv...)...)
-}
-
-func (s *electionSink) Error(err error, msg string, kv ...any) {
-	s.log.Log(context.Background(), slog.LevelDebug, msg, append(append(slices.Clip(s.values), kv...), "error", err)...)
-}
-
-func (s *electionSink) WithValues(kv ...any) klog.LogSink {
-	return &electionSink{log: s.log, values: append(slices.Clip(s.values), kv...)}
-}
-
-func (s *electionSink) WithName(name string) klog.LogSink {
-	return &electionSink{log: s.log.With("logger", name), values: s.values}
 }

@@ -85,7 +85,7 @@ func TestLeaderElection(t *testing.T) {
 		c, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
-			done <- g.RunElected(c, gc.Election{Leases: leases, Namespace: ns, Name: lease, Identity: id,
+			done <- g.RunElected(c, gc.Election{Leases: leases.Leases(ns), Namespace: ns, Name: lease, Identity: id,
 				LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond})
 		}()
 		var once sync.Once
@@ -232,7 +232,7 @@ func TestRunsWithTabbydRBAC(t *testing.T) {
 	c, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- g.RunElected(c, gc.Election{Leases: leases, Namespace: tabbyNS, Identity: "n2",
+		done <- g.RunElected(c, gc.Election{Leases: leases.Leases(tabbyNS), Namespace: tabbyNS, Identity: "n2",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond})
 	}()
 	defer func() { cancel(); <-done }()
@@ -309,38 +309,29 @@ func (s klogSink) Error(err error, msg string, kv ...any) {
 func (s klogSink) WithValues(...any) klog.LogSink { return s }
 func (s klogSink) WithName(string) klog.LogSink   { return s }
 
-// racingLeases holds the answer to a candidate's first read of the Lease
+// racingLease holds the answer to a candidate's first read of the Lease
 // until the other candidate has read it too: both find no Lease, both
 // create it, and one of them is told it already exists.
-type racingLeases struct {
-	coordinationv1client.LeasesGetter
+type racingLease struct {
+	coordinationv1client.LeaseInterface
 	first *sync.Once
 	both  *sync.WaitGroup
 }
 
-func (r racingLeases) Leases(namespace string) coordinationv1client.LeaseInterface {
-	return racingLease{LeaseInterface: r.LeasesGetter.Leases(namespace), r: r}
-}
-
-type racingLease struct {
-	coordinationv1client.LeaseInterface
-	r racingLeases
-}
-
 func (l racingLease) Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error) {
 	lease, err := l.LeaseInterface.Get(ctx, name, opts)
-	l.r.first.Do(func() {
-		l.r.both.Done()
-		l.r.both.Wait()
+	l.first.Do(func() {
+		l.both.Done()
+		l.both.Wait()
 	})
 	return lease, err
 }
 
 // TestLoserLogsNoError: two candidates that find no Lease both create it;
 // the one that loses that race (and every later round) logs no error and
-// no warning, and client-go's elector writes nothing to klog's global
-// logger: its lines go into the collector's log, the lost race at debug
-// level.
+// no warning, and nothing is written to klog's global logger (where
+// client-go logs without one): the election logs into the collector's
+// log, the lost race at debug level.
 func TestLoserLogsNoError(t *testing.T) {
 	ds := client(t)
 	fresh(t, ds)
@@ -374,7 +365,7 @@ func TestLoserLogsNoError(t *testing.T) {
 		c, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
-			done <- g.RunElected(c, gc.Election{Leases: racingLeases{LeasesGetter: leases, first: &sync.Once{}, both: &both},
+			done <- g.RunElected(c, gc.Election{Leases: racingLease{LeaseInterface: leases.Leases(ns), first: &sync.Once{}, both: &both},
 				Namespace: ns, Name: lease, Identity: id,
 				LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 100 * time.Millisecond})
 		}()
@@ -415,7 +406,7 @@ func TestLoserLogsNoError(t *testing.T) {
 			if r.level >= slog.LevelWarn {
 				t.Errorf("%s logged at %s: %s", c.id, r.level, r.msg)
 			}
-			if c == loser && r.level == slog.LevelDebug && strings.Contains(r.msg, "Error initially creating lease lock") &&
+			if c == loser && r.level == slog.LevelDebug && strings.Contains(r.msg, "lost the race to create") &&
 				strings.Contains(r.msg, "already exists") && strings.Contains(r.msg, "component=leaderelection") {
 				lostRace = true
 			}
@@ -428,8 +419,9 @@ func TestLoserLogsNoError(t *testing.T) {
 		t.Errorf("client-go logged through klog's global logger: %s %s", r.level, r.msg)
 	}
 	if !slices.ContainsFunc(leader.logs.lines(), func(r record) bool {
-		return r.level == slog.LevelInfo && strings.Contains(r.msg, "Successfully acquired lease")
+		return r.level == slog.LevelInfo && strings.Contains(r.msg, "acquired the IPAM garbage collector's Lease") &&
+			strings.Contains(r.msg, "component=leaderelection")
 	}) {
-		t.Errorf("the leader's log lacks client-go's info line:\n%v", leader.logs.lines())
+		t.Errorf("the leader's log lacks the election's info line:\n%v", leader.logs.lines())
 	}
 }
