@@ -140,8 +140,10 @@ func TestTabbydHostilePolicy(t *testing.T) {
 	normalEnforced("with the hostile policy")
 	k := e.filter(t)
 	nm := nomatchMembers(k)
-	if len(nm) != 2 {
-		t.Fatalf("want one hash:net set with nomatch members per family, have %v", nm)
+	// The pods have IPv4 addresses only, so the policy's IPv6 chain and
+	// sets are not written (nothing of that family jumps to them).
+	if len(nm) != 1 {
+		t.Fatalf("want one hash:net set with nomatch members, in IPv4 alone, have %v", nm)
 	}
 	total := 0
 	for set, n := range nm {
