@@ -45,7 +45,7 @@ func plainNames(data []byte) (names []string, ok bool) {
 	}
 	// One string for all names; each name is a slice of it.
 	s := string(data)
-	names = make([]string, 0, bytes.Count(data, []byte{','})+1)
+	names = getNames(bytes.Count(data, []byte{','}) + 1)
 	i := skipSpace(s, 1)
 	if i == len(s)-1 && s[i] == ']' {
 		return names, true

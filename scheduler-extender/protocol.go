@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -396,7 +397,7 @@ func (h *Handler) resolve(args *extenderv1.ExtenderArgs) (nodes []*v1.Node, unre
 		return nodes, nil
 	}
 	unresolved = map[string]string{}
-	nodes = make([]*v1.Node, 0, len(*args.NodeNames))
+	nodes = getNodes(len(*args.NodeNames))
 	if nc, ok := h.Nodes.(NodesCache); ok {
 		nodes = nc.Nodes(*args.NodeNames, nodes, func(name string) {
 			unresolved[name] = notCached(name)
@@ -435,7 +436,45 @@ func (h *Handler) serveRequest(endpoint string, w http.ResponseWriter, r *http.R
 		h.awaitPlacements(r.Context(), args.Pod)
 		nodes, unresolved := h.resolve(args)
 		f(w, args, nodes, unresolved)
+		// The answer is written: the request's per-node slices are free.
+		if args.Nodes == nil {
+			putNodes(nodes)
+		}
+		if args.NodeNames != nil {
+			putNames(*args.NodeNames)
+		}
 	})
+}
+
+// Pools of the per-node slices of requests (see framework's pools: at
+// 5,000 nodes each is tens of kilobytes a request).
+var (
+	namePool = sync.Pool{New: func() any { return new([]string) }}
+	nodePool = sync.Pool{New: func() any { return new([]*v1.Node) }}
+)
+
+// getNames is an empty slice with room for n names.
+func getNames(n int) []string {
+	p := namePool.Get().(*[]string)
+	return slices.Grow((*p)[:0], n)
+}
+
+func putNames(l []string) {
+	clear(l[:cap(l)])
+	l = l[:0]
+	namePool.Put(&l)
+}
+
+// getNodes is an empty slice with room for n Nodes.
+func getNodes(n int) []*v1.Node {
+	p := nodePool.Get().(*[]*v1.Node)
+	return slices.Grow((*p)[:0], n)
+}
+
+func putNodes(l []*v1.Node) {
+	clear(l[:cap(l)])
+	l = l[:0]
+	nodePool.Put(&l)
 }
 
 // ServeFilter answers POST /filter with an ExtenderFilterResult: passing
@@ -471,13 +510,17 @@ func (h *Handler) ServeFilter(w http.ResponseWriter, r *http.Request) {
 			}
 			out.Nodes = list
 		} else {
-			names := make([]string, 0, len(res.Passing))
+			names := getNames(len(res.Passing))
 			for _, n := range res.Passing {
 				names = append(names, n.Name)
 			}
 			out.NodeNames = &names
+			defer putNames(names)
 		}
 		writeJSON(w, &out)
+		if rc, ok := h.Scheduler.(Recycler); ok {
+			rc.Recycle(res)
+		}
 	})
 }
 
@@ -507,5 +550,8 @@ func (h *Handler) ServePrioritize(w http.ResponseWriter, r *http.Request) {
 			scores = extenderv1.HostPriorityList{}
 		}
 		writeJSON(w, scores)
+		if rc, ok := h.Scheduler.(Recycler); ok {
+			rc.RecyclePriorities(scores)
+		}
 	})
 }

@@ -25,7 +25,17 @@ type Scheduler interface {
 	Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) (extenderv1.HostPriorityList, error)
 }
 
+// Recycler is a Scheduler that reuses the memory of its answers: the HTTP
+// layer hands each back once it has written it (and uses it no more).
+type Recycler interface {
+	Recycle(FilterResult)
+	RecyclePriorities(extenderv1.HostPriorityList)
+}
+
 // FilterResult is what Scheduler.Filter decides.
 type FilterResult = framework.FilterResult
 
-var _ Scheduler = (*framework.Framework)(nil)
+var (
+	_ Scheduler = (*framework.Framework)(nil)
+	_ Recycler  = (*framework.Framework)(nil)
+)

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -103,11 +104,13 @@ type Framework struct {
 }
 
 // nodeInfos pairs the request's nodes with what the snapshot knows of them
-// (their pods). The request's Node object wins: with nodeCacheCapable
-// false, kube-scheduler sends the Node it decides on.
-func nodeInfos(snap Snapshot, nodes []*v1.Node) []*NodeInfo {
-	out := make([]*NodeInfo, len(nodes))
-	for i, n := range nodes {
+// (their pods), in a slice from the pool (give it back with putInfos). The
+// request's Node object wins: with nodeCacheCapable false, kube-scheduler
+// sends the Node it decides on.
+func nodeInfos(snap Snapshot, nodes []*v1.Node) *[]*NodeInfo {
+	p := infoPool.Get().(*[]*NodeInfo)
+	out := slices.Grow((*p)[:0], len(nodes))
+	for _, n := range nodes {
 		ni := snap.Get(n.Name)
 		switch {
 		case ni == nil:
@@ -117,17 +120,83 @@ func nodeInfos(snap Snapshot, nodes []*v1.Node) []*NodeInfo {
 			c.Node = n
 			ni = &c
 		}
-		out[i] = ni
+		out = append(out, ni)
 	}
-	return out
+	*p = out
+	return p
+}
+
+// A request's per-node slices and maps are as large as its nodes (5,000 at
+// Kubernetes' limit: hundreds of kilobytes a request). Fresh ones for every
+// request are garbage the collector must chase while it also marks the
+// cache's 50,000 pods, and the requests that meet a collection are the
+// slow ones; so they come from pools and go back once used.
+var (
+	infoPool   = sync.Pool{New: func() any { return new([]*NodeInfo) }}
+	resultPool = sync.Pool{New: func() any {
+		return &FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}, FailedBy: map[string]int{}}
+	}}
+	sumPool      = sync.Pool{New: func() any { return new([]int64) }}
+	scorePool    = sync.Pool{New: func() any { return new([]int64) }}
+	priorityPool = sync.Pool{New: func() any { return new(extenderv1.HostPriorityList) }}
+)
+
+// NewScores is a ScorePlugin's zeroed slice of n scores. Framework takes
+// back what Score returns once it has summed it, so a slice from here
+// costs no new memory per request; a plugin must not keep what it returns.
+func NewScores(n int) []int64 {
+	p := scorePool.Get().(*[]int64)
+	s := slices.Grow((*p)[:0], n)[:n]
+	clear(s)
+	return s
+}
+
+func putScores(s []int64) {
+	s = s[:0]
+	scorePool.Put(&s)
+}
+
+// putInfos gives back a slice of nodeInfos, holding no NodeInfo.
+func putInfos(p *[]*NodeInfo) {
+	clear(*p)
+	*p = (*p)[:0]
+	infoPool.Put(p)
+}
+
+// Recycle takes back the maps and slice of a FilterResult of Filter once
+// the caller is done with it (the answer is written); neither res nor
+// anything read from its maps and slice may be used afterwards.
+func (f *Framework) Recycle(res FilterResult) {
+	if res.Failed == nil || res.Unresolvable == nil || res.FailedBy == nil {
+		return
+	}
+	clear(res.Failed)
+	clear(res.Unresolvable)
+	clear(res.FailedBy)
+	clear(res.Passing[:cap(res.Passing)])
+	res.Passing = res.Passing[:0]
+	resultPool.Put(&res)
+}
+
+// RecyclePriorities takes back a list of Prioritize once the caller is done
+// with it; it may not be used afterwards.
+func (f *Framework) RecyclePriorities(l extenderv1.HostPriorityList) {
+	if l == nil {
+		return
+	}
+	clear(l[:cap(l)])
+	l = l[:0]
+	priorityPool.Put(&l)
 }
 
 // Filter runs the filters.
 func (f *Framework) Filter(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) FilterResult {
-	res := FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}, FailedBy: map[string]int{},
-		Passing: make([]*v1.Node, 0, len(nodes))}
+	res := *resultPool.Get().(*FilterResult)
+	res.Passing = slices.Grow(res.Passing[:0], len(nodes))
 	snap := f.Snapshot()
-	infos := nodeInfos(snap, nodes)
+	pinfos := nodeInfos(snap, nodes)
+	defer putInfos(pinfos)
+	infos := *pinfos
 	type named struct {
 		plugin string
 		check  NodeFilter
@@ -172,8 +241,14 @@ nodes:
 // to within one step.
 func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Node) (extenderv1.HostPriorityList, error) {
 	snap := f.Snapshot()
-	infos := nodeInfos(snap, nodes)
-	sum := make([]int64, len(nodes))
+	pinfos := nodeInfos(snap, nodes)
+	defer putInfos(pinfos)
+	infos := *pinfos
+	psum := sumPool.Get().(*[]int64)
+	defer sumPool.Put(psum)
+	sum := slices.Grow((*psum)[:0], len(nodes))[:len(nodes)]
+	clear(sum)
+	*psum = sum
 	for _, ws := range f.Scores {
 		scores, err := ws.Plugin.Score(ctx, snap, pod, infos)
 		if err != nil {
@@ -185,9 +260,11 @@ func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Nod
 		for i, s := range scores {
 			sum[i] += ws.Weight * min(max(s, 0), MaxNodeScore)
 		}
+		putScores(scores)
 	}
 	ExtenderScores(sum, f.TotalWeight()*MaxNodeScore)
-	out := make(extenderv1.HostPriorityList, len(nodes))
+	pout := priorityPool.Get().(*extenderv1.HostPriorityList)
+	out := slices.Grow((*pout)[:0], len(nodes))[:len(nodes)]
 	for i, n := range nodes {
 		out[i] = extenderv1.HostPriority{Host: n.Name, Score: sum[i]}
 	}

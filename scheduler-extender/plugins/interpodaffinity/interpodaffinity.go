@@ -529,7 +529,7 @@ func (pl *Plugin) PreFilter(ctx context.Context, snap framework.Snapshot, pod *v
 // Score implements framework.ScorePlugin: upstream's PreScore, Score and
 // NormalizeScore. Every node scores 0 when nothing counts (upstream skips).
 func (pl *Plugin) Score(ctx context.Context, snap framework.Snapshot, pod *v1.Pod, nodes []*framework.NodeInfo) ([]int64, error) {
-	scores := make([]int64, len(nodes))
+	scores := framework.NewScores(len(nodes))
 	a := pod.Spec.Affinity
 	hasPreferredAffinity := a != nil && a.PodAffinity != nil && len(a.PodAffinity.PreferredDuringSchedulingIgnoredDuringExecution) > 0
 	hasPreferredAnti := a != nil && a.PodAntiAffinity != nil && len(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) > 0

@@ -299,7 +299,7 @@ func (p *Plugin) PreFilter(_ context.Context, snap framework.Snapshot, pod *v1.P
 
 // Score implements framework.ScorePlugin.
 func (p *Plugin) Score(_ context.Context, snap framework.Snapshot, pod *v1.Pod, nodes []*framework.NodeInfo) ([]int64, error) {
-	scores := make([]int64, len(nodes))
+	scores := framework.NewScores(len(nodes))
 	if pod.Spec.HostNetwork {
 		return scores, nil
 	}
@@ -314,7 +314,8 @@ func (p *Plugin) Score(_ context.Context, snap framework.Snapshot, pod *v1.Pod, 
 		if r == nil {
 			var err error
 			if r, err = p.prepareWith(in, snap, pod); err != nil {
-				return make([]int64, len(nodes)), nil // Filter reported it; every node scores the same
+				clear(scores)
+				return scores, nil // Filter reported it; every node scores the same
 			}
 		}
 		scores[i], _ = r.place(n.Node)

@@ -53,7 +53,7 @@ func (Plugin) PreFilter(_ context.Context, _ framework.Snapshot, pod *v1.Pod) (f
 // preferred terms a node matches, normalised so the best node gets
 // MaxNodeScore (upstream's DefaultNormalizeScore).
 func (Plugin) Score(_ context.Context, _ framework.Snapshot, pod *v1.Pod, nodes []*framework.NodeInfo) ([]int64, error) {
-	scores := make([]int64, len(nodes))
+	scores := framework.NewScores(len(nodes))
 	a := pod.Spec.Affinity
 	if a == nil || a.NodeAffinity == nil || len(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
 		return scores, nil // upstream PreScore skips: every node scores 0

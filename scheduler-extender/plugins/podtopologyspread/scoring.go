@@ -35,7 +35,7 @@ type scoreState struct {
 // NormalizeScore. A pod without ScheduleAnyway constraints (upstream's
 // Skip) scores 0 on every node.
 func (pl *Plugin) Score(ctx context.Context, snap framework.Snapshot, pod *v1.Pod, nodes []*framework.NodeInfo) ([]int64, error) {
-	scores := make([]int64, len(nodes))
+	scores := framework.NewScores(len(nodes))
 	if len(snap.List()) == 0 {
 		return scores, nil
 	}

@@ -63,7 +63,7 @@ func (Plugin) Score(_ context.Context, _ framework.Snapshot, pod *v1.Pod, nodes 
 			tolerations = append(tolerations, t)
 		}
 	}
-	scores := make([]int64, len(nodes))
+	scores := framework.NewScores(len(nodes))
 	for i, n := range nodes {
 		for _, taint := range n.Node.Spec.Taints {
 			if taint.Effect == v1.TaintEffectPreferNoSchedule && !corev1helpers.TolerationsTolerateTaint(klog.Background(), tolerations, &taint, comparisonOperators) {
