@@ -36,6 +36,10 @@ type Cache struct {
 	pods       map[types.UID]placed
 	namespaces map[string]*v1.Namespace
 	snap       *framework.MapSnapshot // nil when an event came after it was made
+	// shared: nodes is also the map of a snapshot handed out, so it is
+	// cloned before it changes (see ownNodes), on the event's path, not
+	// on the path of the request that asks for the next snapshot.
+	shared bool
 	// labels indexes the pods of nodes by label, as they change.
 	labels framework.LabelIndex
 	// order is the names of nodes, sorted (nil once one was added or
@@ -195,10 +199,6 @@ func (c *Cache) Snapshot() framework.Snapshot {
 	defer c.mu.Unlock()
 	c.expire(time.Now())
 	if c.snap == nil {
-		nodes := make(map[string]*framework.NodeInfo, len(c.nodes))
-		for k, v := range c.nodes {
-			nodes[k] = v
-		}
 		namespaces := make(map[string]*v1.Namespace, len(c.namespaces))
 		for k, v := range c.namespaces {
 			namespaces[k] = v
@@ -206,12 +206,22 @@ func (c *Cache) Snapshot() framework.Snapshot {
 		if c.order == nil {
 			c.order = slices.Sorted(maps.Keys(c.nodes))
 		}
-		c.snap = framework.SnapshotOf(nodes, namespaces, c.labels.Share(), c.order)
+		c.snap = framework.SnapshotOf(c.nodes, namespaces, c.labels.Share(), c.order)
+		c.shared = true
 	}
 	if c.workloads != nil {
 		return snapshot{c.snap, c.workloads}
 	}
 	return c.snap
+}
+
+// ownNodes makes c.nodes the cache's own before it changes: a snapshot may
+// hold it (c.mu is held).
+func (c *Cache) ownNodes() {
+	if c.shared {
+		c.nodes = maps.Clone(c.nodes)
+		c.shared = false
+	}
 }
 
 // Nodes implements the extender's NodesCache: nodes by name, under one
@@ -250,6 +260,7 @@ func (c *Cache) SetNode(n *v1.Node) {
 		c.order = nil
 	}
 	ni.Node = n
+	c.ownNodes()
 	c.nodes[n.Name] = ni
 	c.snap = nil
 }
@@ -263,11 +274,13 @@ func (c *Cache) DeleteNode(name string) {
 		return
 	}
 	if len(old.Pods) == 0 {
+		c.ownNodes()
 		delete(c.nodes, name)
 		c.order = nil
 	} else {
 		ni := *old
 		ni.Node = nil
+		c.ownNodes()
 		c.nodes[name] = &ni
 	}
 	c.snap = nil
@@ -334,6 +347,7 @@ func (c *Cache) place(p *v1.Pod, node string, info *framework.PodInfo, assumed b
 		c.order = nil
 	}
 	ni.AddPod(info)
+	c.ownNodes()
 	c.nodes[node] = ni
 	c.labels.Add(info, node, 1)
 	c.snap = nil
@@ -363,6 +377,7 @@ func (c *Cache) replace(node string, old, info *framework.PodInfo) {
 		}
 		ni.AddPod(p)
 	}
+	c.ownNodes()
 	c.nodes[node] = ni
 	if !maps.Equal(old.Pod.Labels, info.Pod.Labels) {
 		c.labels.Add(old, node, -1)
@@ -385,10 +400,12 @@ func (c *Cache) remove(node string, uid types.UID) {
 		}
 	}
 	if ni.Node == nil && len(ni.Pods) == 0 {
+		c.ownNodes()
 		delete(c.nodes, node)
 		c.order = nil
 		return
 	}
+	c.ownNodes()
 	c.nodes[node] = ni
 }
 

@@ -96,6 +96,16 @@ func TestCache(t *testing.T) {
 	if _, ok := c.Node("n1"); ok {
 		t.Error("the node cache still has n1")
 	}
+	// Adding and deleting nodes leaves the old snapshot as it was too.
+	c.SetNode(node("n3"))
+	c.DeleteNode("n2")
+	if s.Get("n3") != nil || s.Get("n2") == nil {
+		t.Errorf("adding n3 and deleting n2 changed a snapshot: n3 %v, n2 %v", s.Get("n3"), s.Get("n2"))
+	}
+	if now := c.Snapshot(); now.Get("n3") == nil || now.Get("n2") != nil {
+		t.Errorf("a snapshot after adding n3 and deleting n2: n3 %v, n2 %v", now.Get("n3"), now.Get("n2"))
+	}
+	c.SetNode(node("n2"))
 	c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns", Labels: map[string]string{"a": "b"}}})
 	if ns := c.Snapshot().Namespace("ns"); ns == nil || ns.Labels["a"] != "b" {
 		t.Error("namespace not in the snapshot")
