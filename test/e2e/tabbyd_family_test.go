@@ -75,7 +75,15 @@ func TestTabbydNoIPv6Address(t *testing.T) {
 	if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Message, p6.Name+" ("+p6.Spec.CIDR+")") || !strings.Contains(ev.Message, "--node-ip <IPv4>,<IPv6>") {
 		t.Errorf("the Event does not name the pool %s and say what to do: %+v", p6.Name, ev)
 	}
-	out := nodeStatus(t, n, tabbyctl)
+	// The Event is recorded during the reconcile that publishes the status,
+	// before the status is: wait for the status to have caught up.
+	var out string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out = nodeStatus(t, n, tabbyctl)
+		if strings.Contains(out, "Problem: ") || time.Now().After(deadline) {
+			break
+		}
+	}
 	t.Logf("tabbyctl node status:\n%s", out)
 	if !strings.Contains(out, "Node address 10.254.0.1/24,") || !strings.Contains(out, "Problem: "+daemon.ReasonNoIPv6Address+": ") || !strings.Contains(out, p6.Name) {
 		t.Errorf("tabbyctl node status does not show the node's IPv4 address and the problem")
