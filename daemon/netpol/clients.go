@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
@@ -50,13 +49,9 @@ func NewPolicyClient(rc *rest.Config, namespace string) (*PolicyClient, error) {
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = "tabbyd"
 	}
-	cfg.GroupVersion = &networkingv1.SchemeGroupVersion
-	cfg.APIPath = "/apis"
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(Scheme).WithoutConversion()
-	cfg.ContentType = runtime.ContentTypeJSON
-	rcl, err := rest.RESTClientFor(cfg)
+	rcl, err := datastore.GroupREST(cfg, networkingv1.SchemeGroupVersion, Scheme)
 	if err != nil {
-		return nil, fmt.Errorf("building the networking.k8s.io client: %w", err)
+		return nil, err
 	}
 	return gentype.NewClientWithList[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]("networkpolicies", rcl,
 		runtime.NewParameterCodec(Scheme), namespace,
