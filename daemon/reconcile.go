@@ -424,16 +424,20 @@ func (r *router) advertise(ctx context.Context, p *pass) {
 // into the kernel.
 func (r *router) programKernel(ctx context.Context, p *pass) {
 	out := &p.out
-	var err error
-	if p.learned, err = r.speaker.Learned(ctx); err != nil {
-		out.problem(true, "reading the routes BGP learned: %v", err)
-	}
 	// The sessions' states (each session's Adj-RIB-In read for what it
 	// rejected) are for the report: read after the routes are in, unless a
-	// restart's kept routes wait on them.
+	// restart's kept routes wait on them. Then they are read first: a
+	// peer's End-of-RIB seen in the states must come before the routes
+	// read, or the routes it sent just before it would be missing from
+	// them while the kept routes are dropped, and a route would leave the
+	// kernel until the next pass.
 	holding := r.holding
 	if holding {
 		r.readStates(ctx, p)
+	}
+	var err error
+	if p.learned, err = r.speaker.Learned(ctx); err != nil {
+		out.problem(true, "reading the routes BGP learned: %v", err)
 	}
 	nodeAddrs := map[netip.Addr]bool{}
 	for _, n := range p.nodes {
