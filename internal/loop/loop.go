@@ -9,6 +9,7 @@ package loop
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
@@ -42,6 +43,10 @@ func (b Backoff) Delay(failures int, r float64) time.Duration {
 // Task is work a loop runs every Every on its own goroutine, between
 // passes, without a pass (the policy loop's check of its jumps must run on the thread
 // that programs the kernel).
+//
+// A pass goes first: Do's context is cancelled when a trigger arrives while
+// it runs, and Do should then return soon. A task so cut short runs again
+// once the loop has nothing pending, rather than a whole period later.
 type Task struct {
 	Every time.Duration
 	Do    func(ctx context.Context)
@@ -71,6 +76,11 @@ type Loop struct {
 	dirty    chan struct{}
 	failures int
 	retry    *time.Timer
+	// taskDue: the last task was cut short by a trigger.
+	taskDue bool
+	// mu guards preempt, which cancels the running task's context.
+	mu      sync.Mutex
+	preempt context.CancelFunc
 	// jitter draws where in its band a delay falls (tests fix it).
 	jitter func() float64
 }
@@ -83,12 +93,18 @@ func New(cfg Config) *Loop {
 }
 
 // Trigger marks the loop dirty. It never blocks: triggers that arrive
-// before the pass starts are one.
+// before the pass starts are one. A task running meanwhile is told to
+// stop, so that the pass starts soon.
 func (l *Loop) Trigger() {
 	select {
 	case l.dirty <- struct{}{}:
 	default:
 	}
+	l.mu.Lock()
+	if l.preempt != nil {
+		l.preempt()
+	}
+	l.mu.Unlock()
 }
 
 // TriggerAfter triggers a pass after d (a deadline the pass itself set,
@@ -138,6 +154,15 @@ func (l *Loop) wait(ctx context.Context, resync, task <-chan time.Time) bool {
 		if l.cfg.Wake != nil {
 			wake = l.cfg.Wake()
 		}
+		if l.taskDue {
+			select {
+			case <-l.dirty:
+				return true
+			default:
+			}
+			l.runTask(ctx)
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return false
@@ -148,9 +173,27 @@ func (l *Loop) wait(ctx context.Context, resync, task <-chan time.Time) bool {
 		case <-resync:
 			return true
 		case <-task:
-			l.cfg.Task.Do(ctx)
+			l.runTask(ctx)
 		}
 	}
+}
+
+// runTask runs the task with a context that a trigger cancels, and
+// notes whether the task was cut short.
+func (l *Loop) runTask(ctx context.Context) {
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	l.mu.Lock()
+	l.preempt = cancel
+	l.mu.Unlock()
+	if len(l.dirty) > 0 {
+		cancel() // a trigger came before preempt was set
+	}
+	l.cfg.Task.Do(tctx)
+	l.mu.Lock()
+	l.preempt = nil
+	l.mu.Unlock()
+	l.taskDue = tctx.Err() != nil && ctx.Err() == nil
 }
 
 // settle counts a pass's outcome: a failure schedules a retry after the

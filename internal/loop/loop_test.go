@@ -207,6 +207,41 @@ func TestTaskRunsWithoutPass(t *testing.T) {
 	}
 }
 
+// TestTriggerPreemptsTask: a trigger while the task runs cancels the
+// task's context and the pass runs; the task cut short runs again after
+// the pass, without waiting for its period (an hour here).
+func TestTriggerPreemptsTask(t *testing.T) {
+	var p passes
+	var calls atomic.Int32
+	running := make(chan struct{})
+	var firstCut, secondCut atomic.Bool
+	l := New(Config{Pass: func(context.Context) error { p.add(); return nil },
+		Task: Task{Every: time.Hour, Do: func(ctx context.Context) {
+			switch calls.Add(1) {
+			case 1:
+				close(running)
+				<-ctx.Done() // a check that would otherwise hold the loop
+				firstCut.Store(true)
+			default:
+				secondCut.Store(ctx.Err() != nil)
+			}
+		}}})
+	l.taskDue = true // as after a task cut short, without waiting an hour
+	start(t, l)
+	<-running
+	if n := p.count(); n != 1 {
+		t.Fatalf("%d passes before the task, want 1: the pending pass goes first", n)
+	}
+	l.Trigger()
+	waitFor(t, func() bool { return p.count() == 2 && calls.Load() == 2 })
+	if !firstCut.Load() {
+		t.Error("the trigger did not cancel the running task's context")
+	}
+	if secondCut.Load() {
+		t.Error("the task's second run had a cancelled context")
+	}
+}
+
 // TestWake: a receive on the Wake channel triggers a pass, and Wake is
 // asked again each time (the channel may be replaced).
 func TestWake(t *testing.T) {
