@@ -203,7 +203,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	// A failed sync is retried after a back-off that doubles from
 	// retryMin up to retryMax; a success resets it. The jumps are checked
-	// on the loop's goroutine, the one that programs the kernel.
+	// on the loop's goroutine, the one that programs the kernel; a change
+	// arriving meanwhile cuts the check short, so that a label flip does
+	// not wait for six iptables reads.
 	c.loop = loop.New(loop.Config{
 		Pass:    c.sync,
 		MinGap:  cfg.MinSyncGap,
@@ -283,6 +285,12 @@ func (c *Controller) checkJumps(ctx context.Context) {
 	}
 	n, err := c.cfg.Applier.CheckJumps(ctx)
 	c.met.kernelChanges.WithLabelValues("jump").Add(float64(n))
+	if err != nil && ctx.Err() != nil {
+		// A sync was asked for: it goes first, and the loop checks again
+		// once it is idle.
+		c.met.jumpChecks.WithLabelValues("preempted").Inc()
+		return
+	}
 	if err != nil {
 		c.met.jumpChecks.WithLabelValues("error").Inc()
 		c.log.Warn("checking the jumps into tabby's policy chains; syncing again", "error", err)

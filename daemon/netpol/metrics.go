@@ -78,7 +78,7 @@ func newMetrics() *metrics {
 		}),
 		jumpChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tabby_policy_jump_checks_total",
-			Help: "Periodic checks of tabby's jumps from the built-in chains, by result (ok, error).",
+			Help: "Periodic checks of tabby's jumps from the built-in chains, by result (ok, error, preempted: cut short for a sync, and run again after it).",
 		}, []string{"result"}),
 		kernelChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tabby_policy_kernel_changes_total",

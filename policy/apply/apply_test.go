@@ -2,6 +2,7 @@ package apply_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -339,6 +340,17 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	n.sh("ipt", "-D", "FORWARD", "-m", "comment", "--comment", "tabby:network-policy", "-j", "TABBY-NP-FORWARD")
 	n.sh("ip6t", "-I", "FORWARD", "1", "-s", "fd00:77::/64", "-j", "ACCEPT")
 	before.others = strings.Replace(before.others, "v6 -A FORWARD -j DOCKER-USER", "v6 -A FORWARD -s fd00:77::/64 -j ACCEPT\nv6 -A FORWARD -j DOCKER-USER", 1)
+	// A check cut short (the controller cancels it for a sync) reads and
+	// repairs nothing, and says so; it does not fall back to a full apply.
+	cut, cancel := context.WithCancel(context.Background())
+	cancel()
+	n.do(func() error {
+		got, err := n.a.CheckJumps(cut)
+		if got != 0 || !errors.Is(err, context.Canceled) {
+			t.Errorf("CheckJumps with a cancelled context = %d, %v; want 0, context.Canceled", got, err)
+		}
+		return nil
+	})
 	if got := n.checkJumps(); got != 3 {
 		t.Errorf("CheckJumps repaired %d jumps; want 3 (one inserted in IPv4, one moved in IPv6)", got)
 	}

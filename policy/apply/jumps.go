@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/internal/netfilter"
 	"github.com/tabbynet/tabby/policy"
 )
@@ -40,6 +41,9 @@ func (a *Applier) syncJumps(ctx context.Context, f *family, want map[string][][]
 			// run) are found when the kernel is read.
 			continue
 		default:
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			var err error
 			if lines, err = a.listRules(f, b); err != nil {
 				return err
@@ -128,8 +132,14 @@ func (a *Applier) listRules(f *family, chain string) ([]string, error) {
 // inserting its own rule above them). It returns how many jumps it
 // inserted and deleted. When a repair fails (a chain was deleted too), it
 // applies the last Ruleset again after reading the kernel. The controller
-// calls it periodically; it costs one `iptables -S` per built-in chain and
-// family.
+// calls it periodically. With the nft backend it costs one `iptables -S`
+// per built-in chain and family, each reading just that chain; the legacy
+// backend loads the whole table for each, so there it costs one
+// iptables-save per family instead.
+//
+// When ctx ends on the way, CheckJumps stops between reads (killing an
+// iptables-save), repairs nothing more, and returns ctx's error: the
+// controller cancels a check to let a sync run first.
 func (a *Applier) CheckJumps(ctx context.Context) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -142,9 +152,20 @@ func (a *Applier) CheckJumps(ctx context.Context) (int, error) {
 		if f == nil {
 			continue
 		}
-		if err = a.syncJumps(ctx, f, a.last.fams[f.idx].jumps, nil, true, &st); err != nil {
+		var current map[string][]string
+		if a.backend.Mode == iptbackend.Legacy {
+			var ft filterTable
+			if ft, err = a.readFilter(ctx, f); err != nil {
+				break
+			}
+			current = ft.builtins
+		}
+		if err = a.syncJumps(ctx, f, a.last.fams[f.idx].jumps, current, true, &st); err != nil {
 			break
 		}
+	}
+	if err != nil && ctx.Err() != nil {
+		return st.JumpsInserted + st.JumpsDeleted, ctx.Err()
 	}
 	if err != nil {
 		a.log.Warn("repairing NetworkPolicy jumps failed; applying the last Ruleset again", "err", err)
