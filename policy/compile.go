@@ -215,15 +215,25 @@ type addrRef struct {
 // the local ones (with a valid host veth) into c.locals, all grouped by
 // namespace and labels, their addresses ranked and named ports listed.
 func (c *compiler) loadEndpoints() {
-	var ips []addrRef
+	sorted := c.sortedEndpoints()
+	n := 0
+	for _, r := range sorted {
+		n += len(r.ep.IPs)
+	}
+	ips := make([]addrRef, 0, n)
 	ifaces := map[string]string{} // host veth → the key of the pod that has it
 	groups := map[string]*group{}
-	for _, r := range c.sortedEndpoints() {
+	// One allocation for every endpoint, not one each: a compile makes
+	// thousands, and the garbage is most of an incremental compile's cost.
+	slab := make([]endpoint, len(sorted))
+	c.eps = make([]*endpoint, 0, len(sorted))
+	for _, r := range sorted {
 		if len(c.eps) > 0 && c.eps[len(c.eps)-1].key == r.key {
 			continue // a duplicate: the first one wins
 		}
 		pod := r.ep.Pod
-		ep := &endpoint{idx: len(c.eps), key: r.key, ns: pod.Namespace, labels: labels.Set(pod.Labels), pod: pod}
+		ep := &slab[len(c.eps)]
+		*ep = endpoint{idx: len(c.eps), key: r.key, ns: pod.Namespace, labels: labels.Set(pod.Labels), pod: pod}
 		c.eps = append(c.eps, ep)
 		ips = appendAddrs(ips, ep.idx, r.ep.IPs)
 		if r.ep.HostIface != "" {
@@ -240,6 +250,19 @@ func (c *compiler) loadEndpoints() {
 	}
 	c.rankAddrsOnce(ips)
 	c.stamp = make([]int, len(c.eps))
+	// Each name's list is made at its final size: grown by appends, the
+	// lists of a name every pod has were a quarter of a compile's garbage.
+	count := map[string]int{}
+	for _, ep := range c.eps {
+		if len(ep.ranks) > 0 {
+			for _, p := range ep.ports {
+				count[p.name]++
+			}
+		}
+	}
+	for name, n := range count {
+		c.named[name] = make([]namedEntry, 0, n)
+	}
 	for _, ep := range c.eps {
 		if len(ep.ranks) > 0 {
 			c.addNamedPorts(ep)
@@ -250,7 +273,7 @@ func (c *compiler) loadEndpoints() {
 // sortedEndpoints are the input's endpoints that are pods, stably sorted
 // by key.
 func (c *compiler) sortedEndpoints() []endpointIn {
-	var rs []endpointIn
+	rs := make([]endpointIn, 0, len(c.in.Endpoints))
 	for i := range c.in.Endpoints {
 		e := &c.in.Endpoints[i]
 		if e.Pod == nil || e.Pod.Spec.HostNetwork {
@@ -261,15 +284,16 @@ func (c *compiler) sortedEndpoints() []endpointIn {
 	return c.sortEndpoints(rs)
 }
 
-// appendAddrs appends endpoint idx's usable addresses, each once.
+// appendAddrs appends endpoint idx's usable addresses, each once. A pod
+// has one address per family, so the duplicates are looked for in what
+// this call appended rather than in a map.
 func appendAddrs(ips []addrRef, idx int, addrs []netip.Addr) []addrRef {
-	seen := map[netip.Addr]bool{}
+	start := len(ips)
 	for _, a := range addrs {
 		a = a.Unmap().WithZone("")
-		if !a.IsValid() || a.IsUnspecified() || seen[a] {
+		if !a.IsValid() || a.IsUnspecified() || slices.ContainsFunc(ips[start:], func(r addrRef) bool { return r.a == a }) {
 			continue
 		}
-		seen[a] = true
 		ips = append(ips, addrRef{a, idx})
 	}
 	return ips
