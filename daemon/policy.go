@@ -37,7 +37,14 @@ func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 		gs.Go("policy cleanup", func(ctx context.Context) error { cleanupPolicy(ctx, backend, log); return nil })
 		return nil, nil
 	}
-	a, err := apply.New(apply.Options{Backend: backend, Logger: log})
+	// The loop reads the kernel back every resync on a sync of its own;
+	// the applier's own period is only a backstop, longer, so that it
+	// never falls on the sync of an event first.
+	resync := cfg.PolicyResync
+	if resync <= 0 {
+		resync = netpol.DefaultResync
+	}
+	a, err := apply.New(apply.Options{Backend: backend, Logger: log, ResyncPeriod: 2 * resync})
 	if err != nil {
 		return nil, fmt.Errorf("NetworkPolicy: %w (or run tabbyd with --network-policy=false)", err)
 	}

@@ -52,7 +52,9 @@ import (
 
 // Defaults of the loop.
 const (
-	// DefaultResync is how often the loop syncs without an event.
+	// DefaultResync is how often the loop syncs without an event, and
+	// how often a sync of its own reads the kernel back (to repair what
+	// was changed behind tabby's back).
 	DefaultResync = 60 * time.Second
 	// DefaultJumpCheck is how often the jumps from the built-in chains
 	// are checked (and put back when something removed them).
@@ -88,6 +90,8 @@ type Applier interface {
 	// CheckJumps checks the jumps from the built-in chains of the last
 	// ruleset applied and puts back those something removed (how many).
 	CheckJumps(ctx context.Context) (int, error)
+	// Invalidate makes the next Apply read the kernel.
+	Invalidate()
 }
 
 // Config configures the controller.
@@ -145,6 +149,8 @@ type Controller struct {
 
 	// Owned by the loop goroutine.
 	reported map[string]string // "Kind namespace/name" -> problem reported
+	// readAt is when a sync last read the kernel back.
+	readAt time.Time
 
 	mu sync.Mutex
 	// synced: the informers have synced; gen counts syncs started.
@@ -283,6 +289,16 @@ func (c *Controller) checkJumps(ctx context.Context) {
 	if !ok {
 		return // nothing applied yet: the next sync puts the jumps in
 	}
+	if !c.readAt.IsZero() && time.Since(c.readAt) >= c.cfg.Resync {
+		// The periodic read of the kernel is a sync of its own, asked for
+		// here. Left to the applier's clock, it fell on whichever sync came
+		// next after its period: in a busy cluster, a pod's change, which
+		// then waited for the whole read (a second at 5,000 local pods).
+		// That sync puts the jumps back too.
+		c.cfg.Applier.Invalidate()
+		c.markDirty()
+		return
+	}
 	n, err := c.cfg.Applier.CheckJumps(ctx)
 	c.met.kernelChanges.WithLabelValues("jump").Add(float64(n))
 	if err != nil && ctx.Err() != nil {
@@ -370,6 +386,9 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	}
 	st, err := c.cfg.Applier.Apply(ctx, rs)
 	c.met.observeStats(st)
+	if st.KernelRead {
+		c.readAt = time.Now()
+	}
 	if err != nil {
 		return fmt.Errorf("programming the kernel: %w", err)
 	}

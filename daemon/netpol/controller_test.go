@@ -57,6 +57,9 @@ type world struct {
 	// cnpClient, when set, is the controller's ClusterNetworkPolicy
 	// client instead of NewClusterPolicyClient's.
 	cnpClient *ClusterPolicyClient
+	// resync, when set, is the controller's Resync, and the applier's
+	// own period is an hour: only the controller reads the kernel back.
+	resync time.Duration
 }
 
 func newWorld(t *testing.T) *world {
@@ -226,11 +229,15 @@ func (w *world) start(t *testing.T, compile Compiler) *running {
 	t.Cleanup(stopEvents)
 	r := &running{reg: prometheus.NewRegistry(), rec: &countingRecorder{EventRecorder: realRec, n: map[string]int{}}}
 	w.netns.Serve("the controller", func() (err error) {
-		if r.applier, err = apply.New(apply.Options{Logger: slog.New(slog.DiscardHandler)}); err != nil {
+		opts := apply.Options{Logger: slog.New(slog.DiscardHandler)}
+		if w.resync > 0 {
+			opts.ResyncPeriod = time.Hour
+		}
+		if r.applier, err = apply.New(opts); err != nil {
 			return err
 		}
 		r.c, err = New(Config{Node: w.node, DS: w.ds, Policies: pc, ClusterPolicies: cpc, Compile: compile, Applier: r.applier, DenyUnlisted: true,
-			Recorder: r.rec, Registerer: r.reg, JumpCheck: 200 * time.Millisecond})
+			Recorder: r.rec, Registerer: r.reg, JumpCheck: 200 * time.Millisecond, Resync: w.resync})
 		return err
 	}, func(ctx context.Context) error {
 		err := r.c.Run(ctx)
@@ -394,6 +401,36 @@ func TestControllerRepairsJumps(t *testing.T) {
 	eventually(t, "the jump put back and counted as a repair", func() bool {
 		return strings.Contains(w.kernel(t, r.applier.Backend().IPTablesSave), `-A FORWARD -m comment --comment "tabby:network-policy" -j `+policy.ChainForward) &&
 			metric(t, r.reg, "tabby_policy_jump_repairs_total", "") >= 1
+	})
+}
+
+// TestControllerReadsTheKernelBack: every Resync the controller has the
+// kernel read back on a sync of its own, which rewrites a chain something
+// flushed; the applier's own clock (an hour here) has no part in it.
+func TestControllerReadsTheKernelBack(t *testing.T) {
+	w := newWorld(t)
+	w.resync = time.Second
+	p := w.pod(t, "a", w.node, map[string]string{"app": "a"})
+	r := w.start(t, nil)
+	ip := w.assign(t, p)
+	if _, err := r.c.WaitProgrammed(waitCtx(t, 30*time.Second), w.ns, "a", "", []netip.Addr{ip}); err != nil {
+		t.Fatal(err)
+	}
+	save := r.applier.Backend().IPTablesSave
+	rule := "-A " + policy.ChainForward + " "
+	if !strings.Contains(w.kernel(t, save), rule) {
+		t.Fatalf("no rule in %s after the first sync:\n%s", policy.ChainForward, w.kernel(t, save))
+	}
+	if err := w.netns.Run(func() error {
+		if o, err := exec.Command(r.applier.Backend().IPTables, "-F", policy.ChainForward).CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, o)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, policy.ChainForward+" written again after a read of the kernel", func() bool {
+		return strings.Contains(w.kernel(t, save), rule)
 	})
 }
 

@@ -441,7 +441,7 @@ func startController(b *testing.B, netns *netnstest.NS) *runningController {
 	}
 	r := &runningController{reg: prometheus.NewRegistry()}
 	netns.Serve("the NetworkPolicy controller", func() (err error) {
-		if r.a, err = apply.New(apply.Options{Logger: quiet}); err != nil {
+		if r.a, err = apply.New(apply.Options{Logger: quiet, ResyncPeriod: 2 * netpol.DefaultResync}); err != nil { // as tabbyd
 			return err
 		}
 		r.c, err = netpol.New(netpol.Config{Node: npNode, DS: ds, Policies: pc, Compile: policy.NewIncremental().Compile, Applier: r.a,
