@@ -37,9 +37,9 @@ func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 		gs.Go("policy cleanup", func(ctx context.Context) error { cleanupPolicy(ctx, backend, log); return nil })
 		return nil, nil
 	}
-	// The loop reads the kernel back every resync on a sync of its own;
-	// the applier's own period is only a backstop, longer, so that it
-	// never falls on the sync of an event first.
+	// The loop reads the kernel back every resync between syncs (Audit);
+	// the applier's own period is only a backstop, longer, so that the
+	// read never falls on the sync of a change first.
 	resync := cfg.PolicyResync
 	if resync <= 0 {
 		resync = netpol.DefaultResync

@@ -53,8 +53,8 @@ import (
 // Defaults of the loop.
 const (
 	// DefaultResync is how often the loop syncs without an event, and
-	// how often a sync of its own reads the kernel back (to repair what
-	// was changed behind tabby's back).
+	// how often, between syncs, it reads the kernel back to repair what
+	// was changed behind tabby's back (Applier.Audit).
 	DefaultResync = 60 * time.Second
 	// DefaultJumpCheck is how often the jumps from the built-in chains
 	// are checked (and put back when something removed them).
@@ -90,8 +90,10 @@ type Applier interface {
 	// CheckJumps checks the jumps from the built-in chains of the last
 	// ruleset applied and puts back those something removed (how many).
 	CheckJumps(ctx context.Context) (int, error)
-	// Invalidate makes the next Apply read the kernel.
-	Invalidate()
+	// Audit reads the kernel back and repairs what differs from the last
+	// ruleset applied; cut short by ctx during the read, it changes
+	// nothing and returns ctx's error.
+	Audit(ctx context.Context) (apply.Stats, error)
 }
 
 // Config configures the controller.
@@ -290,13 +292,7 @@ func (c *Controller) checkJumps(ctx context.Context) {
 		return // nothing applied yet: the next sync puts the jumps in
 	}
 	if !c.readAt.IsZero() && time.Since(c.readAt) >= c.cfg.Resync {
-		// The periodic read of the kernel is a sync of its own, asked for
-		// here. Left to the applier's clock, it fell on whichever sync came
-		// next after its period: in a busy cluster, a pod's change, which
-		// then waited for the whole read (a second at 5,000 local pods).
-		// That sync puts the jumps back too.
-		c.cfg.Applier.Invalidate()
-		c.markDirty()
+		c.audit(ctx)
 		return
 	}
 	n, err := c.cfg.Applier.CheckJumps(ctx)
@@ -317,6 +313,32 @@ func (c *Controller) checkJumps(ctx context.Context) {
 	if n > 0 {
 		c.met.jumpRepairs.Add(float64(n))
 		c.log.Warn("something removed or moved tabby's jumps into its policy chains: put back", "changes", n)
+	}
+}
+
+// audit has the kernel read back and repaired (the jumps too). It runs
+// here, between syncs, rather than in a sync: left to the applier's
+// clock, the read fell on whichever sync came next after its period, in a
+// busy cluster a pod's change, which then waited for the whole read (a
+// second at 5,000 local pods). Here a change arriving during the read
+// cuts it short, and it runs again after the change's sync.
+func (c *Controller) audit(ctx context.Context) {
+	st, err := c.cfg.Applier.Audit(ctx)
+	if err != nil && ctx.Err() != nil {
+		c.met.audits.WithLabelValues("preempted").Inc()
+		return
+	}
+	c.readAt = time.Now()
+	c.met.observeStats(st)
+	if err != nil {
+		c.met.audits.WithLabelValues("error").Inc()
+		c.log.Warn("reading the kernel back; syncing again", "error", err)
+		c.markDirty()
+		return
+	}
+	c.met.audits.WithLabelValues("ok").Inc()
+	if st.Changed() > 0 {
+		c.log.Warn("something changed tabby's NetworkPolicy sets or chains: repaired", "changes", st.Changed())
 	}
 }
 

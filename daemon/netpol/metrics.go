@@ -24,6 +24,7 @@ type metrics struct {
 	overLimit     *prometheus.GaugeVec
 	lastSyncOK    prometheus.Gauge
 	jumpChecks    *prometheus.CounterVec
+	audits        *prometheus.CounterVec
 	programmedAt  prometheus.Gauge
 	jumpRepairs   prometheus.Counter
 	kernelChanges *prometheus.CounterVec
@@ -80,6 +81,10 @@ func newMetrics() *metrics {
 			Name: "tabby_policy_jump_checks_total",
 			Help: "Periodic checks of tabby's jumps from the built-in chains, by result (ok, error, preempted: cut short for a sync, and run again after it).",
 		}, []string{"result"}),
+		audits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_policy_kernel_audits_total",
+			Help: "Periodic reads of the kernel that repair what was changed behind tabby's back, by result (ok, error, preempted: cut short for a sync, and run again after it).",
+		}, []string{"result"}),
 		kernelChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tabby_policy_kernel_changes_total",
 			Help: "Changes tabbyd made to the kernel for NetworkPolicy, by object (set, member, chain, jump, restore).",
@@ -98,7 +103,7 @@ func newMetrics() *metrics {
 func (m *metrics) register(r prometheus.Registerer) error {
 	return errors.Join(r.Register(m.syncs), r.Register(m.syncTime), r.Register(m.rules), r.Register(m.chains),
 		r.Register(m.sets), r.Register(m.setMembers), r.Register(m.endpoints), r.Register(m.policies),
-		r.Register(m.problems), r.Register(m.lastSyncOK), r.Register(m.jumpChecks), r.Register(m.programmedAt),
+		r.Register(m.problems), r.Register(m.lastSyncOK), r.Register(m.jumpChecks), r.Register(m.audits), r.Register(m.programmedAt),
 		r.Register(m.kernelChanges), r.Register(m.jumpRepairs), r.Register(m.overLimit))
 }
 

@@ -228,12 +228,48 @@ func (a *Applier) Apply(ctx context.Context, rs *policy.Ruleset) (Stats, error) 
 		a.known = false
 	}
 	st.Total = time.Since(start)
+	a.logSync("NetworkPolicy synced", st, err)
+	return st, err
+}
+
+func (a *Applier) logSync(msg string, st Stats, err error) {
 	if st.Changed() > 0 || err != nil {
-		a.log.Info("NetworkPolicy synced", "sets_created", st.SetsCreated, "sets_updated", st.SetsUpdated, "sets_deleted", st.SetsDeleted,
+		a.log.Info(msg, "sets_created", st.SetsCreated, "sets_updated", st.SetsUpdated, "sets_deleted", st.SetsDeleted,
 			"members_added", st.MembersAdded, "members_removed", st.MembersRemoved, "chains_written", st.ChainsWritten,
 			"chains_deleted", st.ChainsDeleted, "jumps_inserted", st.JumpsInserted, "jumps_deleted", st.JumpsDeleted,
 			"kernel_read", st.KernelRead, "duration", st.Total, "err", err)
 	}
+}
+
+// Audit reads the kernel back and repairs what differs from the last
+// Ruleset applied, as an Apply does once ResyncPeriod has passed since the
+// last read; a caller that audits on its own schedule gives the applier a
+// longer ResyncPeriod. When ctx ends during the read, Audit stops there,
+// changes nothing, leaves the applier's memory as trusted as before (what
+// it read is remembered), and returns ctx's error: a caller cuts an audit
+// short to let an Apply go first. Once the kernel is read, the repair is
+// not cut short. Before any Apply, it does nothing.
+func (a *Applier) Audit(ctx context.Context) (Stats, error) {
+	start := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var st Stats
+	if a.last == nil {
+		return st, nil
+	}
+	current, err := a.read(ctx, &st)
+	if err != nil && ctx.Err() != nil {
+		st.Total = time.Since(start)
+		return st, ctx.Err()
+	}
+	if err == nil {
+		err = a.converge(context.WithoutCancel(ctx), a.last, current, &st)
+	}
+	if err != nil {
+		a.known = false
+	}
+	st.Total = time.Since(start)
+	a.logSync("NetworkPolicy audited", st, err)
 	return st, err
 }
 
@@ -243,16 +279,28 @@ func (a *Applier) Apply(ctx context.Context, rs *policy.Ruleset) (Stats, error) 
 func (a *Applier) sync(ctx context.Context, d *desired, read bool, st *Stats) error {
 	var current [2]map[string][]string
 	if read {
-		t := time.Now()
-		b, err := a.readKernel(ctx)
-		st.ReadTime += time.Since(t)
-		if err != nil {
+		var err error
+		if current, err = a.read(ctx, st); err != nil {
 			return err
 		}
-		current = b
+	}
+	return a.converge(ctx, d, current, st)
+}
+
+// read is readKernel, timed and counted in st.
+func (a *Applier) read(ctx context.Context, st *Stats) ([2]map[string][]string, error) {
+	t := time.Now()
+	b, err := a.readKernel(ctx)
+	st.ReadTime += time.Since(t)
+	if err == nil {
 		st.KernelRead = true
 	}
+	return b, err
+}
 
+// converge makes the kernel match d from the applier's memory of it, and
+// from current, the built-in chains' rules, when the kernel was just read.
+func (a *Applier) converge(ctx context.Context, d *desired, current [2]map[string][]string, st *Stats) error {
 	// A set of the wrong type takes a second pass (syncSets).
 	for pass := 0; ; pass++ {
 		alias, err := a.pass(ctx, d, current, st)

@@ -359,6 +359,25 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 		t.Errorf("a second CheckJumps repaired %d jumps; want 0", got)
 	}
 
+	// 4b. An audit reads the kernel and repairs what it finds; cut short
+	// during the read, it changes nothing and says so.
+	n.sh("ipt", "-F", "TABBY-NP-PI-AAAA")
+	n.do(func() error {
+		st, err := n.a.Audit(cut)
+		if !errors.Is(err, context.Canceled) || st.Changed() != 0 {
+			t.Errorf("Audit with a cancelled context = %+v, %v; want no change, context.Canceled", st, err)
+		}
+		return nil
+	})
+	n.do(func() error {
+		st, err := n.a.Audit(context.Background())
+		if err != nil || !st.KernelRead || st.ChainsWritten != 1 || st.Changed() != 1 {
+			t.Errorf("Audit = %+v, %v; want the kernel read and the flushed chain written", st, err)
+		}
+		return nil
+	})
+	check("an audit", ruleset3())
+
 	// 5. Tampering with chains and sets, found on the next kernel read
 	// (Invalidate stands in for the resync period).
 	n.sh("ipt", "-F", "TABBY-NP-PI-AAAA")
