@@ -67,6 +67,8 @@ const (
 	retryMax = 30 * time.Second
 	// syncTimeout bounds one sync (a hung iptables or ipset command).
 	syncTimeout = time.Minute
+	// maxAuditsCut is how many audits in a row a change may cut short.
+	maxAuditsCut = 3
 )
 
 // Event reasons on NetworkPolicies.
@@ -151,8 +153,10 @@ type Controller struct {
 
 	// Owned by the loop goroutine.
 	reported map[string]string // "Kind namespace/name" -> problem reported
-	// readAt is when a sync last read the kernel back.
-	readAt time.Time
+	// readAt is when the kernel was last read back (by a sync or an
+	// audit); auditsCut counts the audits cut short since.
+	readAt    time.Time
+	auditsCut int
 
 	mu sync.Mutex
 	// synced: the informers have synced; gen counts syncs started.
@@ -321,14 +325,24 @@ func (c *Controller) checkJumps(ctx context.Context) {
 // clock, the read fell on whichever sync came next after its period, in a
 // busy cluster a pod's change, which then waited for the whole read (a
 // second at 5,000 local pods). Here a change arriving during the read
-// cuts it short, and it runs again after the change's sync.
+// cuts it short, and it runs again after the change's sync. On a node
+// whose changes come faster than a read takes, the audit after three cut
+// short runs to its end.
 func (c *Controller) audit(ctx context.Context) {
-	st, err := c.cfg.Applier.Audit(ctx)
-	if err != nil && ctx.Err() != nil {
+	preemptible := c.auditsCut < maxAuditsCut
+	actx := ctx
+	if !preemptible {
+		actx = context.WithoutCancel(ctx)
+	}
+	actx, cancel := context.WithTimeout(actx, syncTimeout)
+	defer cancel()
+	st, err := c.cfg.Applier.Audit(actx)
+	if err != nil && preemptible && ctx.Err() != nil {
+		c.auditsCut++
 		c.met.audits.WithLabelValues("preempted").Inc()
 		return
 	}
-	c.readAt = time.Now()
+	c.readAt, c.auditsCut = time.Now(), 0
 	c.met.observeStats(st)
 	if err != nil {
 		c.met.audits.WithLabelValues("error").Inc()
@@ -409,7 +423,7 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	st, err := c.cfg.Applier.Apply(ctx, rs)
 	c.met.observeStats(st)
 	if st.KernelRead {
-		c.readAt = time.Now()
+		c.readAt, c.auditsCut = time.Now(), 0
 	}
 	if err != nil {
 		return fmt.Errorf("programming the kernel: %w", err)
