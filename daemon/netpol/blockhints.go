@@ -132,12 +132,42 @@ func (h *blockHints) storeBlocks(inf cache.SharedIndexInformer) []*tabbyv1.IPAMB
 	return h.overlay(out, inf.LastSyncResourceVersion())
 }
 
+// informerHas says whether an informer that holds held (nil: not the
+// block) and has seen every event up to lastSynced has version b of a
+// block already, or a later state of it: a hint of b would change no sync.
+// A block it does not hold while it has seen past b was deleted since, or
+// its creation is on its way to the store, which triggers a sync itself.
+func informerHas(b, held *tabbyv1.IPAMBlock, lastSynced string) bool {
+	rv, ok := resourceVersion(b.ResourceVersion)
+	if !ok {
+		return false
+	}
+	if held != nil {
+		have, ok := resourceVersion(held.ResourceVersion)
+		return ok && have >= rv
+	}
+	last, ok := resourceVersion(lastSynced)
+	return ok && last >= rv
+}
+
 // ObserveBlock is told of a version of an IPAMBlock that this node's CNI
 // agent wrote or read from the API server (cniagent.PolicyWaiter): while
 // it is newer than the informer's, the syncs use it (blockHints), and it
-// triggers one.
+// triggers one. A version the informer has already (a block the agent
+// read, or a write whose watch event came first) triggers nothing: the
+// informer's own event did.
 func (c *Controller) ObserveBlock(b *tabbyv1.IPAMBlock) {
-	if b != nil && c.hints.observe(b) {
+	if b == nil {
+		return
+	}
+	var held *tabbyv1.IPAMBlock
+	if o, ok, err := c.blocks.GetStore().GetByKey(b.Name); err == nil && ok {
+		held, _ = o.(*tabbyv1.IPAMBlock)
+	}
+	if informerHas(b, held, c.blocks.LastSyncResourceVersion()) {
+		return
+	}
+	if c.hints.observe(b) {
 		c.markDirty()
 	}
 }

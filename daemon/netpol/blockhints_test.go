@@ -168,7 +168,40 @@ func TestBlockHintOlderThanRelease(t *testing.T) {
 	}
 	eventually(t, "the release to reach the controller", func() bool { return !endpoint() })
 	r.c.ObserveBlock(allocated)
+	r.c.hints.mu.Lock()
+	_, kept := r.c.hints.m[allocated.Name]
+	r.c.hints.mu.Unlock()
+	if kept {
+		t.Errorf("a hint older than the informer's copy of %s was kept", allocated.Name)
+	}
 	if endpoint() {
 		t.Errorf("a hint older than the release (resourceVersion %s) put %s back", allocated.ResourceVersion, ip)
+	}
+}
+
+// TestInformerHas: a hint of a block version the informer has already (or
+// has seen past) changes no sync, so ObserveBlock triggers none.
+func TestInformerHas(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		hint       *tabbyv1.IPAMBlock
+		held       *tabbyv1.IPAMBlock
+		lastSynced string
+		want       bool
+	}{
+		{"the informer holds the very version", hintBlock("a", "9", 0), hintBlock("a", "9", 0), "9", true},
+		{"the informer holds a later version", hintBlock("a", "9", 0), hintBlock("a", "12"), "12", true},
+		{"the informer holds an older version", hintBlock("a", "9", 0), hintBlock("a", "5"), "8", false},
+		{"the informer's copy has no numeric version", hintBlock("a", "9", 0), hintBlock("a", ""), "8", false},
+		{"a new block the informer has not seen", hintBlock("new", "9", 0), nil, "7", false},
+		{"a block the informer saw past and does not hold", hintBlock("gone", "9", 0), nil, "10", true},
+		{"an informer that has seen nothing", hintBlock("a", "9", 0), nil, "", false},
+		{"a hint without a numeric version", hintBlock("a", "", 0), hintBlock("a", "12"), "12", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := informerHas(tc.hint, tc.held, tc.lastSynced); got != tc.want {
+				t.Errorf("informerHas = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
