@@ -90,8 +90,11 @@ type Agent struct {
 	ipam   *ipam.IPAM
 	ops    ipamops.Ops
 
-	// mu serialises the node's assignments and releases.
-	mu sync.Mutex
+	// mu serialises the node's assignments and releases. Assignments
+	// queue (queue) while it is held; whoever takes it answers the queue.
+	mu      sync.Mutex
+	queueMu sync.Mutex
+	queue   []*assignCall
 
 	pendingMu sync.Mutex
 	pending   map[string]chan struct{} // handle ID -> closed once recorded
@@ -308,23 +311,83 @@ func (a *Agent) assign(ctx context.Context, r agentapi.AssignRequest) (agentapi.
 		return agentapi.AssignResponse{}, err
 	}
 	a.awaitRecord(ctx, r.HandleID)
+	call := &assignCall{ctx: ctx, req: req, done: make(chan assignOutcome, 1)}
+	a.queueMu.Lock()
+	a.queue = append(a.queue, call)
+	a.queueMu.Unlock()
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	as, record, err := a.ipam.AssignDeferred(ctx, req)
-	if err != nil {
-		// Assign undoes what it did, but a cancelled request may leave its
-		// last write unknown: release the handle to be sure.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), datastore.Timeout)
-		if rerr := a.ipam.ReleaseHandle(cctx, r.HandleID, r.Node); rerr != nil {
-			a.log.Warn("releasing the handle after a failed assignment", "handle", r.HandleID, "error", rerr)
+	a.queueMu.Lock()
+	batch := a.queue
+	a.queue = nil
+	a.queueMu.Unlock()
+	if len(batch) > 0 {
+		a.assignBatch(batch)
+	}
+	a.mu.Unlock()
+	// This call was in this batch or in one that an earlier holder of mu
+	// took, and answered before it let mu go.
+	o := <-call.done
+	if o.err != nil {
+		return agentapi.AssignResponse{}, o.err
+	}
+	return agentapi.AssignResponse{Addresses: ipamops.Addresses(o.assigned)}, nil
+}
+
+// assignCall is an assignment waiting for mu.
+type assignCall struct {
+	ctx  context.Context
+	req  ipam.Request
+	done chan assignOutcome
+}
+
+type assignOutcome struct {
+	assigned []ipam.Assigned
+	err      error
+}
+
+// assignBatch answers the assignments that queued while mu was held: one
+// alone as it asks, several at once with ipam.AssignDeferredBatch, which
+// gives those one block can serve their addresses in a single write (a
+// burst of pods on the node). Called with mu held. A request that failed,
+// or whose caller went away meanwhile, has its handle released: Assign
+// undoes what it did, but a cancelled write's outcome is unknown.
+func (a *Agent) assignBatch(batch []*assignCall) {
+	var outs []ipam.Deferred
+	if len(batch) == 1 {
+		var d ipam.Deferred
+		d.Assigned, d.Record, d.Err = a.ipam.AssignDeferred(batch[0].ctx, batch[0].req)
+		outs = []ipam.Deferred{d}
+	} else {
+		// The batch is not any one caller's: it runs to the end even
+		// when one of them goes away.
+		ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
+		reqs := make([]ipam.Request, len(batch))
+		for i, c := range batch {
+			reqs[i] = c.req
 		}
+		outs = a.ipam.AssignDeferredBatch(ctx, reqs)
 		cancel()
-		return agentapi.AssignResponse{}, err
 	}
-	if record != nil {
-		a.recordLater(r.HandleID, record)
+	a.met.assignBatch.Observe(float64(len(batch)))
+	for i, c := range batch {
+		d := outs[i]
+		if d.Err == nil && c.ctx.Err() != nil {
+			d.Err = c.ctx.Err()
+		}
+		if d.Err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), datastore.Timeout)
+			if rerr := a.ipam.ReleaseHandle(cctx, c.req.HandleID, c.req.Node); rerr != nil {
+				a.log.Warn("releasing the handle after a failed assignment", "handle", c.req.HandleID, "error", rerr)
+			}
+			cancel()
+			c.done <- assignOutcome{err: d.Err}
+			continue
+		}
+		if d.Record != nil {
+			a.recordLater(c.req.HandleID, d.Record)
+		}
+		c.done <- assignOutcome{assigned: d.Assigned}
 	}
-	return agentapi.AssignResponse{Addresses: ipamops.Addresses(as)}, nil
 }
 
 // recordLater writes a handle while the answer goes out. Called with mu

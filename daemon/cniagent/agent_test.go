@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -412,6 +413,81 @@ func TestAgentRefusesBadRequests(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != c.status || err != nil || !strings.Contains(e.Message, c.says) || e.Invalid != (c.status == http.StatusBadRequest) {
 			t.Errorf("%s %s: %d %+v (%v); want %d and %q", c.endpoint, c.body, resp.StatusCode, e, err, c.status, c.says)
+		}
+	}
+}
+
+// TestAgentBurst: assignments that arrive at once, as when many pods start
+// on the node together, each get their own address (those queued behind a
+// write share the next one), a failing one among them fails alone, every
+// handle holds what its caller was told, and every assignment is counted
+// once in tabby_cni_agent_assign_batch_size.
+func TestAgentBurst(t *testing.T) {
+	w := newWorld(t)
+	ctx := testCtx(t)
+	reg := prometheus.NewRegistry()
+	_, cl := runAgent(t, w, reg)
+	const n = 30
+	addrs := make([][]agentapi.Address, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			req := agentapi.AssignRequest{HandleID: fmt.Sprintf("net.burst%d", i), Node: w.node, IPv4: true}
+			if i == n-1 {
+				req.IPv4Pools = []string{"no-such-pool"}
+			}
+			addrs[i], errs[i] = cl.Assign(ctx, req)
+		})
+	}
+	wg.Wait()
+	if errs[n-1] == nil {
+		t.Errorf("an assignment from a pool that does not exist succeeded: %v", addrs[n-1])
+	}
+	seen := map[string]int{}
+	for i := range n - 1 {
+		if errs[i] != nil || len(addrs[i]) != 1 {
+			t.Fatalf("assignment %d: %v, %v", i, addrs[i], errs[i])
+		}
+		ip := addrs[i][0].IP.String()
+		if prev, dup := seen[ip]; dup {
+			t.Fatalf("%s handed to burst%d and burst%d", ip, prev, i)
+		}
+		seen[ip] = i
+		held, err := cl.HandleIPs(ctx, fmt.Sprintf("net.burst%d", i), w.node)
+		if err != nil || len(held) != 1 || !held[0].Equal(addrs[i][0].IP) {
+			t.Errorf("handle burst%d holds %v (%v), its caller was told %s", i, held, err, ip)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted float64
+	for _, mf := range mfs {
+		if mf.GetName() == "tabby_cni_agent_assign_batch_size" {
+			h := mf.GetMetric()[0].GetHistogram()
+			counted = h.GetSampleSum()
+			t.Logf("%d assignments in %d batches", n, h.GetSampleCount())
+		}
+	}
+	if counted != n {
+		t.Errorf("the batches counted %v assignments, want %d", counted, n)
+	}
+	for i := range n - 1 {
+		if err := cl.ReleaseHandle(ctx, fmt.Sprintf("net.burst%d", i), w.node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blocks, err := w.ds.IPAMBlocks.List(ctx, metav1.ListOptions{LabelSelector: tabbyv1.LabelNode + "=" + ipam.NodeLabelValue(w.node)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range blocks.Items {
+		for _, idx := range b.Spec.Allocations {
+			if idx >= 0 {
+				t.Errorf("block %s still holds an address after every handle was released", b.Name)
+			}
 		}
 	}
 }

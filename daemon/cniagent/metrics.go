@@ -14,6 +14,8 @@ type metrics struct {
 	records    *prometheus.CounterVec
 	otherNode  prometheus.Counter
 	commands   *prometheus.HistogramVec
+	// assignBatch: how many assignments were answered together.
+	assignBatch prometheus.Histogram
 }
 
 func newMetrics() metrics {
@@ -45,6 +47,11 @@ func newMetrics() metrics {
 			// From a warm agent's few milliseconds to a policy wait's 10s bound.
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"command", "result"}),
+		assignBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tabby_cni_agent_assign_batch_size",
+			Help:    "Assignments the CNI agent answered together: those that queued while another was written (several pods starting at once), served from one block in one write where they can.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 	}
 }
 
@@ -62,5 +69,5 @@ func NewMetrics(r prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m metrics) register(r prometheus.Registerer) error {
-	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode), r.Register(m.commands))
+	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode), r.Register(m.commands), r.Register(m.assignBatch))
 }
