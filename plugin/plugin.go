@@ -218,11 +218,19 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 	}
 	ips := r.ips
 	w.IPs = addresses(ips)
+	// tabbyd programs the pod's NetworkPolicy from its addresses alone
+	// (the host veth's name is derived from the pod): the wait runs while
+	// the addresses and routes are written, and ADD answers once both are
+	// done. A failed wiring ends the wait.
+	wctx, endWait := context.WithCancel(ctx)
+	defer endWait()
+	policyc := make(chan error, 1)
+	go func() { policyc <- waitPolicy(wctx, c, alloc, pod, args.ContainerID, w.IPs, log) }()
 	hostIf, podIf, err := finishWiring(v, w)
 	if err != nil {
 		return nil, fmt.Errorf("tabby: %w", err)
 	}
-	if err = waitPolicy(ctx, c, alloc, pod, args.ContainerID, w.IPs, log); err != nil {
+	if err = <-policyc; err != nil {
 		return nil, err
 	}
 	log.Info("added", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "mtu", w.MTU)
