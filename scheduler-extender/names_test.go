@@ -2,6 +2,8 @@ package extender
 
 import (
 	"encoding/json"
+	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -53,6 +55,45 @@ func TestPlainNamesTakesPlainArrays(t *testing.T) {
 	for _, in := range []string{`["a\"b"]`, `["café"]`, `[1]`} {
 		if _, ok := plainNames([]byte(in)); ok {
 			t.Errorf("%s: decoded by plainNames; it is encoding/json's to decode", in)
+		}
+	}
+}
+
+// TestPlainNamesKeepNoCopy: decoding the same names again makes no new
+// strings (a request's names cost no memory once their nodes were named),
+// and they decode as before.
+func TestPlainNamesKeepNoCopy(t *testing.T) {
+	var want []string
+	for i := range 2000 {
+		want = append(want, fmt.Sprintf("node-%04d", i))
+	}
+	data, _ := json.Marshal(want)
+	decode := func() {
+		got, ok := plainNames(data)
+		if !ok || !slices.Equal(got, want) {
+			t.Fatalf("plainNames: %v, %d names", ok, len(got))
+		}
+		putNames(got)
+	}
+	decode()
+	const runs = 20
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		decode()
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / runs; per >= uint64(len(data))/4 {
+		t.Errorf("decoding %d known names (%d bytes) allocates %d bytes", len(want), len(data), per)
+	}
+}
+
+// TestInternedIsBounded: names made up by a client do not pile up.
+func TestInternedIsBounded(t *testing.T) {
+	for i := range 3 * maxInterned {
+		plainNames([]byte(fmt.Sprintf(`["made-up-%d"]`, i)))
+		if n := len(interned.m); n > maxInterned {
+			t.Fatalf("%d names interned, more than %d", n, maxInterned)
 		}
 	}
 }
