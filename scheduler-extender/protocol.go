@@ -247,7 +247,12 @@ func (h *Handler) readArgs(w http.ResponseWriter, r *http.Request) (args *extend
 	// Wait for the body's first bytes before taking a slot: clients that
 	// send headers and stall hold a goroutine until ReadTimeout, not a
 	// slot that kube-scheduler's requests need.
-	body := bufio.NewReaderSize(r.Body, 4096)
+	body := readers.Get().(*bufio.Reader)
+	body.Reset(r.Body)
+	defer func() {
+		body.Reset(nil)
+		readers.Put(body)
+	}()
 	if _, err := body.Peek(1); err != nil && !errors.Is(err, io.EOF) {
 		return nil, nil, &requestError{http.StatusRequestTimeout, "reading the request body: " + err.Error()}
 	}
@@ -315,6 +320,11 @@ func readBody(buf *bytes.Buffer, r io.Reader, length int64) ([]byte, error) {
 // they are encoded: at 5,000 nodes each is hundreds of kilobytes, which a
 // fresh buffer per request would allocate (and grow) every time.
 var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// readers are the 4 KB readers readArgs peeks into, reused: a fresh one per
+// request was the largest of a request's remaining garbage after the
+// names.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
 
 // maxPooled is the largest buffer kept for reuse; a rare huge request
 // (full Node objects) does not pin its memory.
