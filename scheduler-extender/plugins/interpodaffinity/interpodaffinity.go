@@ -402,11 +402,17 @@ func (pl *Plugin) preFilter(ctx context.Context, snap framework.Snapshot, pod *v
 
 // walk calls visit with each node of list that has a Node, adding to into
 // what visit adds to its argument (a map of each goroutine's own); w is
-// the goroutine's index (< maxWorkers).
+// the goroutine's index (< maxWorkers). visit only adds to counts, so the
+// first goroutine adds to into itself (nobody else touches it before the
+// others' maps are merged): a walk on one goroutine, as most are, makes
+// no map of its own to merge.
 func (pl *Plugin) walk(ctx context.Context, list []*framework.NodeInfo, into pairCounts, visit func(w int, ni *framework.NodeInfo, into pairCounts)) error {
 	partial := make([]pairCounts, maxWorkers)
 	err := pl.parallel(ctx, len(list), func(w, lo, hi int) {
-		pc := pairCounts{}
+		pc := into
+		if w > 0 {
+			pc = pairCounts{}
+		}
 		for _, ni := range list[lo:hi] {
 			if ctx.Err() != nil {
 				return
@@ -417,7 +423,7 @@ func (pl *Plugin) walk(ctx context.Context, list []*framework.NodeInfo, into pai
 		}
 		partial[w] = pc
 	})
-	for _, pc := range partial {
+	for _, pc := range partial[1:] {
 		into.merge(pc)
 	}
 	return err
