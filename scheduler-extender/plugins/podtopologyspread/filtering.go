@@ -78,9 +78,11 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 	// policies), in parallel; then the matching pods of those nodes; then
 	// the sums per domain.
 	nc := len(cs)
-	eligible := make([]bool, len(nodes)*nc)
+	eligible := getMarks(len(nodes) * nc)
+	defer putMarks(eligible)
 	cnt := newCounter(pod.Namespace, cs)
 	need := cnt.need(len(nodes))
+	defer putNeed(need)
 	incl := newInclusion(pod, cs)
 	pl.parallelize(len(nodes), func(lo, hi int) {
 		for n := lo; n < hi; n++ {

@@ -47,6 +47,7 @@ package podtopologyspread
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -386,10 +387,38 @@ func (c *counter) need(nodes int) [][]bool {
 	out := make([][]bool, len(c.sels))
 	for g, sel := range c.sels {
 		if sel != nil {
-			out[g] = make([]bool, nodes)
+			out[g] = getMarks(nodes)
 		}
 	}
 	return out
+}
+
+// putNeed gives back the marks of need.
+func putNeed(need [][]bool) {
+	for _, g := range need {
+		if g != nil {
+			putMarks(g)
+		}
+	}
+}
+
+// A request's marks per node (which count, which are needed) are as long
+// as the cluster's nodes, 5,000 at Kubernetes' limit, and dropped when the
+// request's state is worked out: they come from a pool rather than being
+// new garbage per request.
+var marksPool = sync.Pool{New: func() any { return new([]bool) }}
+
+// getMarks is n marks, all false; give them back with putMarks once read.
+func getMarks(n int) []bool {
+	p := marksPool.Get().(*[]bool)
+	m := slices.Grow((*p)[:0], n)[:n]
+	clear(m)
+	return m
+}
+
+func putMarks(m []bool) {
+	m = m[:0]
+	marksPool.Put(&m)
 }
 
 // count is upstream's countPodsMatchSelector.

@@ -184,8 +184,10 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 	// policies, a domain with a scored node), in parallel; then the
 	// matching pods of those nodes and of the scored ones; then the sums
 	// per domain.
-	eligible := make([]bool, len(all)*nc)
+	eligible := getMarks(len(all) * nc)
+	defer putMarks(eligible)
 	need := cnt.need(len(all))
+	defer putNeed(need)
 	mark := func(i, n int) {
 		if g := need[cnt.of[i]]; g != nil {
 			g[n] = true
