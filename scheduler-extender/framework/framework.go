@@ -136,25 +136,36 @@ var (
 	resultPool = sync.Pool{New: func() any {
 		return &FilterResult{Failed: map[string]string{}, Unresolvable: map[string]string{}, FailedBy: map[string]int{}}
 	}}
-	sumPool      = sync.Pool{New: func() any { return new([]int64) }}
-	scorePool    = sync.Pool{New: func() any { return new([]int64) }}
-	priorityPool = sync.Pool{New: func() any { return new(extenderv1.HostPriorityList) }}
+	sumPool, scorePool Slices[int64]
+	priorityPool       = sync.Pool{New: func() any { return new(extenderv1.HostPriorityList) }}
 )
+
+// Slices hands out zeroed slices of T of any length from a pool: a
+// request's per-node slices, given back once nothing reads them. The zero
+// value is ready to use.
+type Slices[T any] struct{ p sync.Pool }
+
+// Get is a slice of n zero Ts; give it back with Put.
+func (s *Slices[T]) Get(n int) []T {
+	p, _ := s.p.Get().(*[]T)
+	if p == nil {
+		p = new([]T)
+	}
+	out := slices.Grow((*p)[:0], n)[:n]
+	clear(out)
+	return out
+}
+
+// Put gives back a slice Get returned; the caller keeps no reference.
+func (s *Slices[T]) Put(x []T) {
+	x = x[:0]
+	s.p.Put(&x)
+}
 
 // NewScores is a ScorePlugin's zeroed slice of n scores. Framework takes
 // back what Score returns once it has summed it, so a slice from here
 // costs no new memory per request; a plugin must not keep what it returns.
-func NewScores(n int) []int64 {
-	p := scorePool.Get().(*[]int64)
-	s := slices.Grow((*p)[:0], n)[:n]
-	clear(s)
-	return s
-}
-
-func putScores(s []int64) {
-	s = s[:0]
-	scorePool.Put(&s)
-}
+func NewScores(n int) []int64 { return scorePool.Get(n) }
 
 // putInfos gives back a slice of nodeInfos, holding no NodeInfo.
 func putInfos(p *[]*NodeInfo) {
@@ -244,11 +255,8 @@ func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Nod
 	pinfos := nodeInfos(snap, nodes)
 	defer putInfos(pinfos)
 	infos := *pinfos
-	psum := sumPool.Get().(*[]int64)
-	defer sumPool.Put(psum)
-	sum := slices.Grow((*psum)[:0], len(nodes))[:len(nodes)]
-	clear(sum)
-	*psum = sum
+	sum := sumPool.Get(len(nodes))
+	defer sumPool.Put(sum)
 	for _, ws := range f.Scores {
 		scores, err := ws.Plugin.Score(ctx, snap, pod, infos)
 		if err != nil {
@@ -260,7 +268,7 @@ func (f *Framework) Prioritize(ctx context.Context, pod *v1.Pod, nodes []*v1.Nod
 		for i, s := range scores {
 			sum[i] += ws.Weight * min(max(s, 0), MaxNodeScore)
 		}
-		putScores(scores)
+		scorePool.Put(scores)
 	}
 	ExtenderScores(sum, f.TotalWeight()*MaxNodeScore)
 	pout := priorityPool.Get().(*extenderv1.HostPriorityList)

@@ -78,8 +78,8 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 	// policies), in parallel; then the matching pods of those nodes; then
 	// the sums per domain.
 	nc := len(cs)
-	eligible := getMarks(len(nodes) * nc)
-	defer putMarks(eligible)
+	eligible := marks.Get(len(nodes) * nc)
+	defer marks.Put(eligible)
 	cnt := newCounter(pod.Namespace, cs)
 	need := cnt.need(len(nodes))
 	defer putNeed(need)

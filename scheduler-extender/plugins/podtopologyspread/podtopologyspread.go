@@ -47,7 +47,6 @@ package podtopologyspread
 import (
 	"fmt"
 	"runtime"
-	"slices"
 	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -387,7 +386,7 @@ func (c *counter) need(nodes int) [][]bool {
 	out := make([][]bool, len(c.sels))
 	for g, sel := range c.sels {
 		if sel != nil {
-			out[g] = getMarks(nodes)
+			out[g] = marks.Get(nodes)
 		}
 	}
 	return out
@@ -397,7 +396,7 @@ func (c *counter) need(nodes int) [][]bool {
 func putNeed(need [][]bool) {
 	for _, g := range need {
 		if g != nil {
-			putMarks(g)
+			marks.Put(g)
 		}
 	}
 }
@@ -406,20 +405,7 @@ func putNeed(need [][]bool) {
 // as the cluster's nodes, 5,000 at Kubernetes' limit, and dropped when the
 // request's state is worked out: they come from a pool rather than being
 // new garbage per request.
-var marksPool = sync.Pool{New: func() any { return new([]bool) }}
-
-// getMarks is n marks, all false; give them back with putMarks once read.
-func getMarks(n int) []bool {
-	p := marksPool.Get().(*[]bool)
-	m := slices.Grow((*p)[:0], n)[:n]
-	clear(m)
-	return m
-}
-
-func putMarks(m []bool) {
-	m = m[:0]
-	marksPool.Put(&m)
-}
+var marks framework.Slices[bool]
 
 // count is upstream's countPodsMatchSelector.
 func count(pods []*framework.PodInfo, sel labels.Selector, ns string) int {

@@ -184,8 +184,8 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 	// policies, a domain with a scored node), in parallel; then the
 	// matching pods of those nodes and of the scored ones; then the sums
 	// per domain.
-	eligible := getMarks(len(all) * nc)
-	defer putMarks(eligible)
+	eligible := marks.Get(len(all) * nc)
+	defer marks.Put(eligible)
 	need := cnt.need(len(all))
 	defer putNeed(need)
 	mark := func(i, n int) {
