@@ -276,6 +276,11 @@ func startHeartbeat(gs *goroutines, cfg Config, rc *rest.Config, ready *readines
 	if err != nil {
 		return err
 	}
+	hb.onRenewed = func() {
+		if !routes.beating.Swap(true) {
+			routes.markDirty() // the NetworkUnavailable condition waits for it
+		}
+	}
 	gs.Go("heartbeat", hb.run)
 	// /readyz answers from state: the routing loop's (its caches synced,
 	// its last reconcile), the policy loop's, and whether the API server

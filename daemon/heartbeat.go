@@ -53,6 +53,8 @@ type heartbeat struct {
 	renew func(ctx context.Context) error // one renewal of the Lease
 	what  string                          // the Lease, for messages
 	log   *slog.Logger
+	// onRenewed, when set, is called after each successful renewal.
+	onRenewed func()
 
 	mu           sync.Mutex
 	renewed      time.Time // the last successful renewal (zero: none since ready)
@@ -87,6 +89,9 @@ func (h *heartbeat) tick(ctx context.Context, now time.Time) bool {
 			h.log.Info("heartbeat: the Lease is renewed again", "lease", h.what, "failures", h.failures)
 		}
 		h.renewed, h.failures, h.lastErr, h.failingSince, h.retryAt = now, 0, nil, time.Time{}, time.Time{}
+		if h.onRenewed != nil {
+			h.onRenewed()
+		}
 		return true
 	}
 	if h.failures == 0 {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,6 +99,8 @@ type router struct {
 	appliedConflicts []string
 	lastApply        nodestatus.Apply
 	conditionSet     bool
+	// beating: the node's heartbeat Lease was renewed in this run.
+	beating atomic.Bool
 
 	mu       sync.Mutex
 	status   nodestatus.Status
@@ -457,7 +460,12 @@ func (r *router) programKernel(ctx context.Context, p *pass) {
 	if applyErr != nil {
 		out.problem(true, "programming the kernel: %v", applyErr)
 		p.notReady = append(p.notReady, "programming the kernel failed: "+applyErr.Error())
-	} else if !r.conditionSet {
+	} else if !r.conditionSet && r.beating.Load() {
+		// After the heartbeat: the scheduler extender keeps pods off a
+		// node without one, and kube-scheduler tries a pod it turned away
+		// again only on a cluster event, such as this condition's change.
+		// Set before the first heartbeat, it left such pods (CoreDNS in
+		// the lab) pending until kube-scheduler's 5-minute flush.
 		r.conditionSet = setNetworkAvailable(ctx, r.cfg.DS, p.self, r.log)
 	}
 	for _, c := range stats.Conflicts {
