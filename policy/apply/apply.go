@@ -248,7 +248,8 @@ func (a *Applier) logSync(msg string, st Stats, err error) {
 // changes nothing, leaves the applier's memory as trusted as before (what
 // it read is remembered), and returns ctx's error: a caller cuts an audit
 // short to let an Apply go first. Once the kernel is read, the repair is
-// not cut short. Before any Apply, it does nothing.
+// not cut short, though ctx's deadline still bounds it. Before any Apply,
+// it does nothing.
 func (a *Applier) Audit(ctx context.Context) (Stats, error) {
 	start := time.Now()
 	a.mu.Lock()
@@ -263,7 +264,15 @@ func (a *Applier) Audit(ctx context.Context) (Stats, error) {
 		return st, ctx.Err()
 	}
 	if err == nil {
-		err = a.converge(context.WithoutCancel(ctx), a.last, current, &st)
+		// Not cut short, but still bound by ctx's deadline, which
+		// WithoutCancel drops.
+		wctx := context.WithoutCancel(ctx)
+		if deadline, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithDeadline(wctx, deadline)
+			defer cancel()
+		}
+		err = a.converge(wctx, a.last, current, &st)
 	}
 	if err != nil {
 		a.known = false
