@@ -164,6 +164,20 @@ func (w *world) kernel(t *testing.T, b string) string {
 	return out.String()
 }
 
+// run runs a command in w's node namespace, failing the test with its
+// output if it fails.
+func (w *world) run(t *testing.T, argv ...string) {
+	t.Helper()
+	if err := w.netns.Run(func() error {
+		if o, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %v: %s", argv, err, o)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // ingressDispatched says whether a kernel dump (iptables-save -t filter and
 // ipset save) sends traffic for the address out the veth to an ingress
 // policy chain: the pair is in a dispatch set TABBY-NP-TO-POD goes by.
@@ -386,16 +400,7 @@ func TestControllerRepairsJumps(t *testing.T) {
 	if _, err := r.c.WaitProgrammed(waitCtx(t, 30*time.Second), w.ns, "a", "", []netip.Addr{ip}); err != nil {
 		t.Fatal(err)
 	}
-	ipt := r.applier.Backend().IPTables
-	jump := []string{"-D", "FORWARD", "-m", "comment", "--comment", "tabby:network-policy", "-j", policy.ChainForward}
-	if err := w.netns.Run(func() error {
-		if o, err := exec.Command(ipt, jump...).CombinedOutput(); err != nil {
-			return fmt.Errorf("%v: %s", err, o)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	w.run(t, r.applier.Backend().IPTables, "-D", "FORWARD", "-m", "comment", "--comment", "tabby:network-policy", "-j", policy.ChainForward)
 	// The check puts the jump back, then counts it: wait for both (the
 	// count read right after the kernel shows the jump can still be 0).
 	eventually(t, "the jump put back and counted as a repair", func() bool {
@@ -405,8 +410,9 @@ func TestControllerRepairsJumps(t *testing.T) {
 }
 
 // TestControllerReadsTheKernelBack: every Resync the controller has the
-// kernel read back on a sync of its own, which rewrites a chain something
-// flushed; the applier's own clock (an hour here) has no part in it.
+// kernel read back by an audit between syncs, which rewrites a chain
+// something flushed; the applier's own clock (an hour here) has no part in
+// it.
 func TestControllerReadsTheKernelBack(t *testing.T) {
 	w := newWorld(t)
 	w.resync = time.Second
@@ -421,14 +427,7 @@ func TestControllerReadsTheKernelBack(t *testing.T) {
 	if !strings.Contains(w.kernel(t, save), rule) {
 		t.Fatalf("no rule in %s after the first sync:\n%s", policy.ChainForward, w.kernel(t, save))
 	}
-	if err := w.netns.Run(func() error {
-		if o, err := exec.Command(r.applier.Backend().IPTables, "-F", policy.ChainForward).CombinedOutput(); err != nil {
-			return fmt.Errorf("%v: %s", err, o)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	w.run(t, r.applier.Backend().IPTables, "-F", policy.ChainForward)
 	eventually(t, policy.ChainForward+" written again after a read of the kernel", func() bool {
 		return strings.Contains(w.kernel(t, save), rule)
 	})
