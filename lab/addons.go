@@ -290,7 +290,8 @@ func podTroubles(ctx context.Context, cs kubernetes.Interface, namespace string,
 }
 
 // restartTabbyd deletes node n's tabby-node pod (with grace as its grace
-// period) and waits until the DaemonSet's new pod there is ready.
+// period) and waits until the DaemonSet's new pod there is ready, or ctx
+// ends (without a deadline, it waits at most three minutes past grace).
 func restartTabbyd(ctx context.Context, s *State, n *Node, grace time.Duration) error {
 	cs, err := s.Clientset()
 	if err != nil {
@@ -305,7 +306,10 @@ func restartTabbyd(ctx context.Context, s *State, n *Node, grace time.Duration) 
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("deleting %s/%s: %w", tabbyNamespace, old.Name, err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute+grace)
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		wctx, cancel = context.WithTimeout(ctx, 3*time.Minute+grace)
+	}
 	defer cancel()
 	return poll(wctx, 200*time.Millisecond, func() error {
 		p, err := tabbyNodePod(wctx, cs, n.Name)

@@ -259,13 +259,15 @@ func labExecCommand(dir *string) *cobra.Command {
 }
 
 func labRestartCommand(dir *string) *cobra.Command {
-	var grace time.Duration
+	var grace, timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "restart NODE " + strings.Join(lab.Components, "|"),
 		Short: "restart a node's kubelet or containerd (pods keep running), or its tabbyd (deletes its tabby-node pod)",
 		Args:  cobra.ExactArgs(2),
 		RunE: withLab(dir, func(cmd *cobra.Command, args []string, st *lab.State) error {
-			if err := lab.Restart(cmd.Context(), st, args[0], args[1], grace); err != nil {
+			ctx, cancel := context.WithTimeout(cmd.Context(), grace+timeout)
+			defer cancel()
+			if err := lab.Restart(ctx, st, args[0], args[1], grace); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s of %s restarted\n", args[1], args[0])
@@ -273,6 +275,7 @@ func labRestartCommand(dir *string) *cobra.Command {
 		}),
 	}
 	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long to wait after SIGTERM before SIGKILL (tabbyd: the pod's grace period)")
+	cmd.Flags().DurationVar(&timeout, "timeout", 3*time.Minute, "how long to wait, after the grace period, for the component to be back (tabbyd: its new pod ready)")
 	return cmd
 }
 
