@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +146,57 @@ type Lab struct {
 	CS kubernetes.Interface
 	// UpTime is how long tabbyctl lab up took.
 	UpTime time.Duration
+	// Suspect is the node a failing test blames: its tabbyd's status and
+	// logs are printed first when the test fails.
+	Suspect string
+}
+
+// logSuspect logs the suspect node's tabbyd: its /status, and the logs of
+// its tabby-node pod's tabbyd (and of the container before it, when it
+// restarted), without the routine lines.
+func (l *Lab) logSuspect(t testing.TB) {
+	t.Helper()
+	node := l.Suspect
+	if st, err := l.TabbydGetErr(node, "/status"); err != nil {
+		t.Logf("%s: tabbyd's /status: %v", node, err)
+	} else {
+		t.Logf("%s: tabbyd's /status:\n%s", node, st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pods, err := l.CS.CoreV1().Pods("tabby-system").List(ctx, metav1.ListOptions{LabelSelector: lab.TabbyNodeLabel, FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Logf("%s: listing its tabby-node pod: %v", node, err)
+		return
+	}
+	routine := regexp.MustCompile(`msg="NetworkPolicy synced"|msg="call set policy"`)
+	for _, p := range pods.Items {
+		for _, prev := range []bool{true, false} {
+			args := []string{"-n", "tabby-system", "logs", p.Name, "-c", "tabbyd", "--timestamps", "--tail", "400"}
+			what := "this container"
+			if prev {
+				args = append(args, "--previous")
+				what = "the container before"
+			}
+			out, code := l.Kubectl(args...)
+			if code != 0 {
+				if !prev {
+					t.Logf("%s: kubectl logs %s: %s", node, p.Name, out)
+				}
+				continue
+			}
+			var keep []string
+			for _, ln := range strings.Split(strings.TrimSpace(out), "\n") {
+				if !routine.MatchString(ln) {
+					keep = append(keep, ln)
+				}
+			}
+			if len(keep) > 120 {
+				keep = keep[len(keep)-120:]
+			}
+			t.Logf("%s: tabbyd's logs in pod %s, %s (the last 120 lines but policy syncs):\n%s", node, p.Name, what, strings.Join(keep, "\n"))
+		}
+	}
 }
 
 func randHex(n int) string {
@@ -163,7 +215,12 @@ func Up(t testing.TB, args ...string) *Lab {
 	t.Cleanup(func() {
 		if _, err := os.Stat(l.Dir); err == nil {
 			if t.Failed() && l.Kubeconfig != "" {
-				// What tabbyd said, for failures seen only in CI.
+				// What tabbyd said, for failures seen only in CI:
+				// the suspect node's first (CI shows the start of
+				// a failure's output).
+				if l.Suspect != "" {
+					l.logSuspect(t)
+				}
 				out, _ := l.Kubectl("-n", "tabby-system", "logs", "-l", lab.TabbyNodeLabel, "-c", "tabbyd",
 					"--tail", "80", "--prefix", "--timestamps", "--max-log-requests", "10")
 				t.Logf("tabbyd's logs (the last 80 lines of each tabby-node pod) as the test failed:\n%s", out)

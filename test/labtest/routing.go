@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"net/netip"
 	"os/exec"
 	"regexp"
@@ -356,4 +357,30 @@ func (l *Lab) TabbydGet(t testing.TB, node, path string) string {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return string(body)
+}
+
+// TabbydGetErr is TabbydGet returning the body, or an error instead of
+// failing; an answer other than 200 is an error that carries the body
+// (for /readyz, the part that is not ready).
+func (l *Lab) TabbydGetErr(node, path string) (string, error) {
+	n, err := l.State.Node(node)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, lab.TabbydURL(path), nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := lab.TabbydClient(n, 3*time.Second).Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return string(body), err
 }
