@@ -148,6 +148,9 @@ func run(d Deps, name, report string, cmd Command, needsIPAM func(*Config) bool)
 			d.NewAllocator = func(context.Context, *Config, *slog.Logger) (Allocator, error) { return alloc, aerr }
 		}
 		res, err := cmd(ctx, args, c, d, log)
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = outOfTime(err, name, c)
+		}
 		if err != nil {
 			log.Error("command failed", "container", args.ContainerID, "error", err)
 			return err
@@ -205,6 +208,12 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 		}()
 	}
 	if err != nil {
+		// When the command ran out of time, the wiring's error is the
+		// symptom and IPAM's, when it failed too (the API server out of
+		// reach), the cause.
+		if ctx.Err() != nil && r.err != nil {
+			return nil, r.err
+		}
 		return nil, err
 	}
 	defer v.Close()
@@ -235,6 +244,18 @@ func CmdAdd(ctx context.Context, args *skel.CmdArgs, c *Config, d Deps, log *slo
 	}
 	log.Info("added", "container", args.ContainerID, "pod", pod.String(), "veth", hostVeth, "mtu", w.MTU)
 	return addResult(c, ips, hostIf, podIf), nil
+}
+
+// outOfTime says that a command's error came with the end of its time:
+// the step that was under way when the timeout struck is in err, the
+// bound and where to change it are said here. A CNI error keeps its code.
+func outOfTime(err error, name string, c *Config) error {
+	what := fmt.Sprintf("%s: the command did not finish within its timeout of %v (\"timeout\" in the CNI config of network %q)", name, c.Timeout, c.Name)
+	var te *types.Error
+	if errors.As(err, &te) {
+		return types.NewError(te.Code, what+": "+te.Msg, te.Details)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // addAllocator is the allocator of an ADD: tabby's IPAM needs it, and MTU
