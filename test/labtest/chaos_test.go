@@ -385,8 +385,6 @@ func maxTime(ts ...time.Time) time.Time {
 	return out
 }
 
-// sandboxFailures are the kubelet's "Failed to create sandbox" (CNI ADD
-// failed) lines of every node for which keep returns true.
 // addOf is the ADD whose failure the kubelet logged in ll: of the ADDs
 // of its pod on its node, the last to end before the line's time, give or
 // take 2 s (the killer learns of an exit a moment late under load; taking
@@ -408,6 +406,8 @@ func addOf(adds []CNIAdd, ll LogLine) *CNIAdd {
 	return out
 }
 
+// sandboxFailures are the kubelet's "Failed to create sandbox" (CNI ADD
+// failed) lines of every node for which keep returns true.
 func sandboxFailures(t *testing.T, l *Lab, nodes []string, keep func(LogLine) bool) []LogLine {
 	var out []LogLine
 	for _, n := range nodes {
