@@ -31,11 +31,9 @@ func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 		st := &states[i]
 		st.LimitTrips = s.glog.limitTrips(st.Key())
 		if st.Established() {
-			if err := s.countRejected(ctx, st); err != nil {
+			if err := s.countRejected(ctx, st, r.kept[st.Address]); err != nil {
 				return nil, err
 			}
-			// GoBGP's count leaves out only routes with AS loops.
-			st.Accepted = max(st.Accepted-st.Rejected, 0)
 		}
 	}
 	return states, nil
@@ -44,9 +42,20 @@ func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 // maxRejectedShown bounds PeerState.RejectedPrefixes.
 const maxRejectedShown = 10
 
-// countRejected counts the routes of a session the import policy rejects:
-// GoBGP keeps them in the session's Adj-RIB-In and marks them when asked.
-func (s *Speaker) countRejected(ctx context.Context, st *PeerState) error {
+// countRejected counts the routes of a session the import policy rejects,
+// given the prefixes of its routes the table kept. GoBGP's count of what
+// a session sent leaves out only routes with AS loops, so when the table
+// kept as many, the import policy rejected none. Only otherwise is GoBGP
+// asked for the session's routes marked by the policy (it keeps rejected
+// ones in the session's Adj-RIB-In), for the count and some prefixes.
+// That runs the import policy over every route the session sent, on
+// GoBGP's one loop: on a route reflector, with every session's state read
+// on every routing pass, asking each time held up the routes it was
+// passing on.
+func (s *Speaker) countRejected(ctx context.Context, st *PeerState, kept map[netip.Prefix]bool) error {
+	if st.Accepted <= len(kept) {
+		return nil
+	}
 	err := s.srv.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_ADJ_IN, Name: st.Key(),
 		Family: familyFor(st.Address), EnableFiltered: true}, func(d *api.Destination) {
 		for _, p := range d.Paths {
@@ -62,6 +71,7 @@ func (s *Speaker) countRejected(ctx context.Context, st *PeerState) error {
 	if err != nil {
 		return fmt.Errorf("reading what BGP peer %s sent: %w", st.Key(), err)
 	}
+	st.Accepted = max(st.Accepted-st.Rejected, 0)
 	sort.Slice(st.RejectedPrefixes, func(i, j int) bool { return prefixLess(st.RejectedPrefixes[i], st.RejectedPrefixes[j]) })
 	return nil
 }
