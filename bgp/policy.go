@@ -98,6 +98,7 @@ func (s *Speaker) syncPolicies(ctx context.Context) error {
 		in = importChange(s.policy, req, s.cfg.AS)
 		out = !proto.Equal(policyPart(req, exportPolicy), policyPart(s.policy, exportPolicy))
 	}
+	s.changed.Add(1)
 	if err := s.srv.SetPolicies(ctx, req); err != nil {
 		return fmt.Errorf("replacing the BGP route filters: %w", err)
 	}

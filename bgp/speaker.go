@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	api "github.com/osrg/gobgp/v3/api"
@@ -105,6 +106,9 @@ type Speaker struct {
 	// converged: the last converge for desired succeeded; SetPeers with
 	// the same desired and nothing pending has nothing to do.
 	converged bool
+	// changed counts the times the speaker replaced its policies or
+	// changed its sessions (see Changed).
+	changed atomic.Uint64
 
 	kick    chan struct{}
 	changes chan struct{}
@@ -234,6 +238,13 @@ func (s *Speaker) prefixLimitReached(key, family string) {
 	}
 }
 
+// Changed counts the times the speaker replaced its route filters in
+// GoBGP or added, changed or removed sessions: what it learned may then
+// change without a message from a peer. A caller that read Learned before
+// SetFilters and SetPeers need not read it again when the count stayed
+// the same; Changes signals anything that comes later.
+func (s *Speaker) Changed() uint64 { return s.changed.Load() }
+
 // Changes is signalled (coalesced, never blocking the speaker) when what
 // Learned or PeerStates return may have changed.
 func (s *Speaker) Changes() <-chan struct{} { return s.changes }
@@ -341,6 +352,7 @@ func (s *Speaker) converge(ctx context.Context) error {
 	s.releaseHeldRoutes(now, current)
 	errs = append(errs, s.syncPolicies(ctx))
 	if len(plan.Add)+len(plan.Change)+len(plan.Remove) > 0 {
+		s.changed.Add(1)
 		s.log.Info("BGP sessions converged", "added", len(plan.Add), "changed", len(plan.Change), "removed", len(plan.Remove), "held", len(plan.Held))
 		s.signal()
 	}

@@ -92,6 +92,8 @@ type router struct {
 	holding      bool
 	restartNote  string
 	lastProblems string
+	// lastLearned: what the last pass read from BGP (debug level only).
+	lastLearned map[netip.Prefix]bgp.LearnedRoute
 	// applied is the state the last Apply programmed without an error,
 	// at appliedAt (nil after a failure).
 	applied          *routing.State
@@ -232,6 +234,10 @@ func (r *router) reconcile(ctx context.Context) error {
 	return nil
 }
 
+// errNotApplied: apply without heal had nothing but routes to leave to
+// the full Apply.
+var errNotApplied = errors.New("left to the full Apply")
+
 // errRetry is a reconcile that failed part-way (its problems are logged
 // and on /readyz already).
 var errRetry = errors.New("the reconcile failed part-way")
@@ -270,12 +276,22 @@ type pass struct {
 	state    routing.State      // what the kernel gets
 	nKept    int                // routes of the previous run still kept
 	restart  string             // the restart's note
+	debug    bool               // the log takes debug lines
+	steps    []string           // debug: how long the slow steps took
+}
+
+// step notes, at debug level, how long a step of the pass took.
+func (p *pass) step(name string, since time.Time) {
+	if !p.debug {
+		return
+	}
+	p.steps = append(p.steps, name+"="+time.Since(since).Round(time.Microsecond).String())
 }
 
 func (r *router) reconcileOnce(ctx context.Context) outcome {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	p := &pass{snap: r.caches.snapshot()}
+	p := &pass{snap: r.caches.snapshot(), debug: r.log.Enabled(ctx, slog.LevelDebug)}
 	p.self = p.snap.node(r.cfg.Node)
 	if p.self == nil {
 		why := fmt.Sprintf("the Node %s does not exist (yet): the kubelet registers it", r.cfg.Node)
@@ -293,10 +309,23 @@ func (r *router) reconcileOnce(ctx context.Context) outcome {
 	// This node's routes first: a block it just claimed goes out before
 	// the filters and sessions are converged (the claim changes every
 	// node's filters, and that work would otherwise delay the route).
+	t0 := time.Now()
 	r.advertise(ctx, p)
+	t1 := time.Now()
+	r.planSessions(ctx, p)
+	r.earlyRoutes(ctx, p)
+	t2 := time.Now()
+	holding, changed := r.holding, r.speaker.Changed()
 	r.configureSessions(ctx, p)
-	r.programKernel(ctx, p)
+	t3 := time.Now()
+	r.programKernel(ctx, p, r.speaker.Changed() != changed)
+	t4 := time.Now()
+	if !holding {
+		r.readStates(ctx, p)
+	}
+	t5 := time.Now()
 	r.report(p)
+	r.log.Debug("routing pass", "advertise", t1.Sub(t0), "early", t2.Sub(t1), "sessions", t3.Sub(t2), "kernel", t4.Sub(t3), "states", t5.Sub(t4), "steps", p.steps)
 	return p.out
 }
 
@@ -345,9 +374,9 @@ func (r *router) startSpeaker(ctx context.Context, p *pass) error {
 	return r.ensureSpeaker(ctx, p.as, bgp.RouterID(p.selfBGP), settings.ListenPort)
 }
 
-// configureSessions is step 4: the sessions, their passwords and the
-// route filters.
-func (r *router) configureSessions(ctx context.Context, p *pass) {
+// planSessions is step 4: the sessions, their passwords and the route
+// filters, computed (configureSessions hands them to the speaker).
+func (r *router) planSessions(ctx context.Context, p *pass) {
 	snap, out := &p.snap, &p.out
 	p.nodes = make([]bgp.Node, 0, len(snap.nodes))
 	p.peers = make([]routing.NodeInfo, 0, len(snap.nodes))
@@ -382,12 +411,22 @@ func (r *router) configureSessions(ctx context.Context, p *pass) {
 	for _, err := range errs {
 		out.problem(false, "%v", err)
 	}
+}
+
+// configureSessions is step 5: the speaker gets the sessions and route
+// filters planSessions computed.
+func (r *router) configureSessions(ctx context.Context, p *pass) {
+	out := &p.out
+	t := time.Now()
 	if err := r.speaker.SetFilters(ctx, p.filters); err != nil {
 		out.problem(true, "applying the BGP route filters: %v", err)
 	}
+	p.step("setFilters", t)
+	t = time.Now()
 	if err := r.speaker.SetPeers(ctx, p.desired); err != nil {
 		out.problem(true, "configuring BGP sessions: %v", err)
 	}
+	p.step("setPeers", t)
 }
 
 // passwords reads the BGPPeers' passwords, by BGPPeer name.
@@ -423,13 +462,53 @@ func (r *router) advertise(ctx context.Context, p *pass) {
 	}
 }
 
-// programKernel is step 5: what BGP learned, through routing.Desired,
-// into the kernel.
-func (r *router) programKernel(ctx context.Context, p *pass) {
+// earlyRoutes programs the routes BGP has learned already, before the
+// speaker gets the pass's filters and sessions (configureSessions): when a
+// block is claimed every node's filters change, and on a busy node
+// GoBGP's soft resets take long; a route the speaker accepted meanwhile
+// (arrived after its filter knew the block) would wait for them, and for a
+// full Apply the pass may be due. Only routes are programmed here, and
+// only those the pass's filters accept (installable); anything else waits
+// for programKernel. Not while a restart's kept routes wait on BGP.
+func (r *router) earlyRoutes(ctx context.Context, p *pass) {
+	if r.holding || r.applied == nil {
+		return
+	}
+	t := time.Now()
+	learned, err := r.speaker.Learned(ctx)
+	p.step("earlyLearned", t)
+	if err != nil {
+		return // programKernel reads them again, and reports
+	}
+	p.learned = learned
+	state, _, _ := r.desiredState(p)
+	t = time.Now()
+	if _, err := r.apply(state, false); err == nil {
+		p.step("earlyApply", t)
+	}
+}
+
+// desiredState is what the kernel gets from p.learned: the routes the
+// filters accept (and why others are refused), through routing.Desired.
+func (r *router) desiredState(p *pass) (routing.State, int, []string) {
+	nodeAddrs := map[netip.Addr]bool{}
+	for _, n := range p.nodes {
+		nodeAddrs[n.IPv4.Addr()], nodeAddrs[n.IPv6.Addr()] = true, true
+	}
+	toInstall, stale, refused := installable(p.learned, p.snap.pools, nodeAddrs, p.filters, p.desired)
+	state := routing.Desired(routing.Inputs{Node: p.info, Pools: p.snap.pools, Blocks: r.ownBlocks(&p.snap), Learned: toInstall, Peers: p.peers})
+	return state, stale, refused
+}
+
+// programKernel is step 6: what BGP learned, through routing.Desired,
+// into the kernel. It reads what BGP learned again when earlyRoutes did
+// not, or reread: the speaker changed filters or sessions since.
+func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 	out := &p.out
 	// The sessions' states (each session's Adj-RIB-In read for what it
-	// rejected) are for the report: read after the routes are in, unless a
-	// restart's kept routes wait on them. Then they are read first: a
+	// rejected) are for the report: reconcileOnce reads them after the
+	// routes are in, unless a restart's kept routes wait on them. Then
+	// they are read here, first: a
 	// peer's End-of-RIB seen in the states must come before the routes
 	// read, or the routes it sent just before it would be missing from
 	// them while the kept routes are dropped, and a route would leave the
@@ -438,25 +517,27 @@ func (r *router) programKernel(ctx context.Context, p *pass) {
 	if holding {
 		r.readStates(ctx, p)
 	}
-	var err error
-	if p.learned, err = r.speaker.Learned(ctx); err != nil {
-		out.problem(true, "reading the routes BGP learned: %v", err)
+	if p.learned == nil || reread {
+		var err error
+		t := time.Now()
+		if p.learned, err = r.speaker.Learned(ctx); err != nil {
+			out.problem(true, "reading the routes BGP learned: %v", err)
+		}
+		p.step("learned", t)
 	}
-	nodeAddrs := map[netip.Addr]bool{}
-	for _, n := range p.nodes {
-		nodeAddrs[n.IPv4.Addr()], nodeAddrs[n.IPv6.Addr()] = true, true
-	}
-	toInstall, stale, refused := installable(p.learned, p.snap.pools, nodeAddrs, p.filters, p.desired)
-	p.stale = stale
+	r.traceLearned(ctx, p.learned)
+	var refused []string
+	p.state, p.stale, refused = r.desiredState(p)
 	for _, why := range refused {
 		out.problem(false, "%s", why)
 	}
-	p.state = routing.Desired(routing.Inputs{Node: p.info, Pools: p.snap.pools, Blocks: r.ownBlocks(&p.snap), Learned: toInstall, Peers: p.peers})
 	for _, w := range p.state.Warnings {
 		out.problem(false, "%s", w)
 	}
 	p.restart, p.nKept = r.holdKept(&p.state, p.desired, p.states)
-	stats, applyErr := r.apply(p.state)
+	t := time.Now()
+	stats, applyErr := r.apply(p.state, true)
+	p.step("apply", t)
 	if applyErr != nil {
 		out.problem(true, "programming the kernel: %v", applyErr)
 		p.notReady = append(p.notReady, "programming the kernel failed: "+applyErr.Error())
@@ -471,9 +552,33 @@ func (r *router) programKernel(ctx context.Context, p *pass) {
 	for _, c := range stats.Conflicts {
 		out.problem(false, "%s", c)
 	}
-	if !holding {
-		r.readStates(ctx, p)
+}
+
+// traceLearned logs, at debug level, how the routes BGP learned changed
+// since the last pass: with the time each pass read them, it tells a
+// route BGP learned late from one the pass installed late.
+func (r *router) traceLearned(ctx context.Context, learned []bgp.LearnedRoute) {
+	if !r.log.Enabled(ctx, slog.LevelDebug) {
+		r.lastLearned = nil
+		return
 	}
+	now := make(map[netip.Prefix]bgp.LearnedRoute, len(learned))
+	var added, gone []string
+	for _, lr := range learned {
+		now[lr.Prefix] = lr
+		if old, ok := r.lastLearned[lr.Prefix]; !ok || old.NextHop != lr.NextHop || old.Peer != lr.Peer {
+			added = append(added, lr.Prefix.String()+" via "+lr.NextHop.String()+" from "+lr.Peer.String())
+		}
+	}
+	for pfx := range r.lastLearned {
+		if _, ok := now[pfx]; !ok {
+			gone = append(gone, pfx.String())
+		}
+	}
+	if len(added)+len(gone) > 0 {
+		r.log.Debug("learned routes changed", "new", added, "gone", gone, "total", len(learned))
+	}
+	r.lastLearned = now
 }
 
 // readStates reads the BGP sessions' states into p.
@@ -499,22 +604,28 @@ func (r *router) ownBlocks(snap *snapshot) []netip.Prefix {
 }
 
 // apply programs state into the kernel, unless the last Apply programmed
-// the same a moment ago.
-func (r *router) apply(state routing.State) (routing.Stats, error) {
-	if r.applied != nil && reflect.DeepEqual(*r.applied, state) && time.Since(r.appliedAt) < r.cfg.Resync/2 {
+// the same a moment ago. Without heal, it programs state only when that
+// differs from the last Apply's in its routes alone, however long ago
+// that was, and otherwise nothing: the pass's full Apply comes later.
+func (r *router) apply(state routing.State, heal bool) (routing.Stats, error) {
+	recent := r.applied != nil && (!heal || time.Since(r.appliedAt) < r.cfg.Resync/2)
+	if recent && reflect.DeepEqual(*r.applied, state) {
 		// What the last Apply programmed, successfully, a moment ago:
 		// reading the kernel again (routes, links, iptables) would find
 		// nothing to do. The periodic resync applies anyway, to heal
 		// changes made behind tabby's back.
 		return routing.Stats{Conflicts: r.appliedConflicts}, nil
 	}
-	applyStart := time.Now()
-	var stats routing.Stats
-	var applyErr error
 	// Only the routes changed since a full Apply a moment ago (BGP learned
 	// or lost one: the common case): program those alone, keeping the
 	// full Apply's time so the resync still heals the rest.
-	routesOnly := r.applied != nil && routing.SameButRoutes(*r.applied, state) && time.Since(r.appliedAt) < r.cfg.Resync/2
+	routesOnly := recent && routing.SameButRoutes(*r.applied, state)
+	if !heal && !routesOnly {
+		return routing.Stats{}, errNotApplied
+	}
+	applyStart := time.Now()
+	var stats routing.Stats
+	var applyErr error
 	at := applyStart
 	if routesOnly {
 		stats, applyErr = r.applier.ApplyRoutes(state)
@@ -538,7 +649,7 @@ func (r *router) apply(state routing.State) (routing.Stats, error) {
 	return stats, applyErr
 }
 
-// report is step 6: status, readiness and metrics.
+// report is step 7: status, readiness and metrics.
 func (r *router) report(p *pass) {
 	blackholes := 0
 	for _, rt := range p.state.Routes {
