@@ -90,7 +90,7 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 			if !hasAllKeys(node.Labels, cs) {
 				continue
 			}
-			affOK, taintsOK := incl.node(node)
+			affOK, taintsOK := incl.node(nodes[n])
 			for i := range cs {
 				if cs[i].includes(affOK, taintsOK) {
 					eligible[n*nc+i] = true

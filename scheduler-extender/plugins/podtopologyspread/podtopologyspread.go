@@ -456,12 +456,13 @@ func doNotScheduleTaint(t *v1.Taint) bool {
 
 // node says whether the node passes the pod's node affinity and tolerates its
 // taints (each true when not needed).
-func (in *inclusion) node(n *v1.Node) (affOK, taintsOK bool) {
+func (in *inclusion) node(ni *framework.NodeInfo) (affOK, taintsOK bool) {
+	n := ni.Node
 	affOK, taintsOK = true, true
 	if in.needAff {
 		// Parsing errors are ignored, as upstream, for backwards
 		// compatibility: a term that does not parse matches nothing.
-		affOK = in.affinity.Match(n)
+		affOK = in.affinity.Match(ni)
 	}
 	if in.needTaints {
 		_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(in.logger, n.Spec.Taints, in.tolerations, doNotScheduleTaint, enableTaintComparisonOperators)

@@ -207,7 +207,7 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 			if !zonal || requireAll && !hasAllKeys(ni.Node.Labels, cs) {
 				continue
 			}
-			affOK, taintsOK := incl.node(ni.Node)
+			affOK, taintsOK := incl.node(ni)
 			for i := range cs {
 				if s.counts[i] == nil || !cs[i].includes(affOK, taintsOK) {
 					continue
