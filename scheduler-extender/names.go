@@ -27,7 +27,7 @@ import (
 
 // wireArgs is extenderv1.ExtenderArgs as it is decoded.
 type wireArgs struct {
-	Pod       *v1.Pod
+	Pod       *wirePod
 	Nodes     *v1.NodeList
 	NodeNames *nameList
 }

@@ -346,7 +346,10 @@ func DecodeArgs(data []byte) (*extenderv1.ExtenderArgs, error) {
 	if err := json.Unmarshal(data, &w); err != nil {
 		return nil, &requestError{http.StatusBadRequest, "decoding ExtenderArgs (the JSON of k8s.io/kube-scheduler/extender/v1): " + err.Error()}
 	}
-	args := extenderv1.ExtenderArgs{Pod: w.Pod, Nodes: w.Nodes, NodeNames: (*[]string)(w.NodeNames)}
+	args := extenderv1.ExtenderArgs{Nodes: w.Nodes, NodeNames: (*[]string)(w.NodeNames)}
+	if w.Pod != nil {
+		args.Pod = w.Pod.pod
+	}
 	if args.Pod == nil {
 		return nil, &requestError{http.StatusBadRequest, "ExtenderArgs has no Pod"}
 	}
