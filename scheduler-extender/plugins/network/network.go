@@ -118,6 +118,12 @@ const filteredKept = 8
 // network state (Inputs.Version), the pod's namespace and the Node object
 // are those Filter saw, and works it out again otherwise. Its heartbeat
 // was checked at filter time, milliseconds before.
+//
+// The scores are keyed by the Node object, not its name: an updated node
+// is another object (so it misses, as it must), and a pointer hashes
+// cheaper than a name. The map is made as large as the snapshot's nodes:
+// grown from empty it was half of what a filter and prioritize allocated
+// at 500 nodes.
 type filtered struct {
 	uid     types.UID
 	rv      string
@@ -125,12 +131,7 @@ type filtered struct {
 	ns      *v1.Namespace
 
 	mu    sync.Mutex
-	nodes map[string]placed
-}
-
-type placed struct {
-	node  *v1.Node
-	score int64
+	nodes map[*v1.Node]int64
 }
 
 // remember starts keeping pod's filter results; nil when they cannot be
@@ -139,7 +140,11 @@ func (p *Plugin) remember(snap framework.Snapshot, pod *v1.Pod, r *request) *fil
 	if pod.UID == "" || r.in.Version == nil {
 		return nil
 	}
-	f := &filtered{uid: pod.UID, rv: pod.ResourceVersion, version: r.in.Version, ns: namespaceOf(snap, pod), nodes: map[string]placed{}}
+	size := 0
+	if snap != nil {
+		size = len(snap.List())
+	}
+	f := &filtered{uid: pod.UID, rv: pod.ResourceVersion, version: r.in.Version, ns: namespaceOf(snap, pod), nodes: make(map[*v1.Node]int64, size)}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, old := range p.filtered {
@@ -173,7 +178,7 @@ func (f *filtered) put(n *v1.Node, score int64) {
 		return
 	}
 	f.mu.Lock()
-	f.nodes[n.Name] = placed{n, score}
+	f.nodes[n] = score
 	f.mu.Unlock()
 }
 
@@ -183,8 +188,8 @@ func (f *filtered) get(n *v1.Node) (int64, bool) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	pl, ok := f.nodes[n.Name]
-	return pl.score, ok && pl.node == n
+	score, ok := f.nodes[n]
+	return score, ok
 }
 
 func namespaceOf(snap framework.Snapshot, pod *v1.Pod) *v1.Namespace {
