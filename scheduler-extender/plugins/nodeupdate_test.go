@@ -8,8 +8,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/scheduler-extender/cache"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins"
+	"github.com/tabbynet/tabby/scheduler-extender/plugins/network"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins/nodeaffinity"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins/podtopologyspread"
 )
@@ -73,4 +75,28 @@ func TestNodeLabelUpdateSeen(t *testing.T) {
 
 	setNode(map[string]string{"pool": "a", v1.LabelTopologyZone: "z2"})
 	check("zone label back", "")
+}
+
+// TestNodeLabelUpdateSeenByPoolSelector: the network plugin matches a
+// pool's nodeSelector against the node's interned labels; a label update
+// is seen by the next filter.
+func TestNodeLabelUpdateSeenByPoolSelector(t *testing.T) {
+	c := cache.New()
+	c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}})
+	in := benchInputs()
+	in.Pools = []*tabbyv1.IPPool{{ObjectMeta: metav1.ObjectMeta{Name: "rack1"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.0.0.0/8",
+		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"rack": "1"}}}}}
+	fw := plugins.Default(c.Snapshot, &network.Plugin{Inputs: func() *network.Inputs { return in }})
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "new", Namespace: "default", UID: "new"}}
+	for i, rack := range []string{"1", "2", "1"} {
+		c.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"rack": rack}}})
+		n, _ := c.Node("n1")
+		res := fw.Filter(context.Background(), pod, []*v1.Node{n})
+		passed := len(res.Passing) == 1
+		why := res.Unresolvable["n1"]
+		fw.Recycle(res)
+		if want := rack == "1"; passed != want {
+			t.Errorf("step %d, rack=%s: passes %v (%q), want %v", i, rack, passed, why, want)
+		}
+	}
 }
