@@ -27,7 +27,7 @@ import (
 
 // wireArgs is extenderv1.ExtenderArgs as it is decoded.
 type wireArgs struct {
-	Pod       *v1.Pod
+	Pod       *wirePod
 	Nodes     *v1.NodeList
 	NodeNames *nameList
 }
@@ -119,4 +119,82 @@ func skipSpace(s []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// encoding/json reads a request three times over: checkValid scans the
+// whole body before decoding, the decoder scans the node names again to
+// find their end, and nameList parses them. At 500 nodes the two scans
+// were most of decoding a request's names. A nodeCacheCapable request
+// from kube-scheduler has one shape, encoding/json's of ExtenderArgs:
+//
+//	{"Pod":{...},"Nodes":null,"NodeNames":[...]}
+//
+// decodeNamesArgs takes that shape apart itself: the pod's object by
+// matching braces (outside strings), then the literal keys, then the names
+// with plainNames. The pod is decoded by wirePod, which validates it; the
+// names by plainNames, which accepts only valid plain names; the rest is
+// literal. So the body is valid JSON and decodes to what encoding/json
+// makes of it whenever ok is true; anything else (another shape, spaces,
+// escapes, a pod that does not decode) is left to encoding/json, with its
+// result and its errors.
+func decodeNamesArgs(data []byte) (w wireArgs, ok bool) {
+	const head, middle = `{"Pod":`, `,"Nodes":null,"NodeNames":`
+	rest, ok := bytes.CutPrefix(data, []byte(head))
+	if !ok {
+		return w, false
+	}
+	end := objectEnd(rest)
+	if end < 0 {
+		return w, false
+	}
+	pod := rest[:end]
+	if rest, ok = bytes.CutPrefix(rest[end:], []byte(middle)); !ok {
+		return w, false
+	}
+	rest = bytes.TrimRight(rest, " \t\r\n")
+	if len(rest) == 0 || rest[len(rest)-1] != '}' {
+		return w, false
+	}
+	names, ok := plainNames(rest[:len(rest)-1])
+	if !ok {
+		return w, false
+	}
+	p := &wirePod{}
+	if err := p.UnmarshalJSON(pod); err != nil {
+		putNames(names)
+		return w, false
+	}
+	w.Pod = p
+	l := nameList(names)
+	w.NodeNames = &l
+	return w, true
+}
+
+// objectEnd is the length of the JSON object data starts with, found by
+// matching braces and brackets outside strings; -1 when data does not start
+// with '{' or the object does not end. It does not validate: a caller
+// decodes what it delimits.
+func objectEnd(data []byte) int {
+	if len(data) == 0 || data[0] != '{' {
+		return -1
+	}
+	depth := 0
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '"':
+			for i++; i < len(data) && data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
 }

@@ -342,11 +342,17 @@ func putBuffer(b *bytes.Buffer) {
 // DecodeArgs decodes one ExtenderArgs from data and checks what every
 // request needs: a Pod, and Nodes or NodeNames.
 func DecodeArgs(data []byte) (*extenderv1.ExtenderArgs, error) {
-	var w wireArgs
-	if err := json.Unmarshal(data, &w); err != nil {
-		return nil, &requestError{http.StatusBadRequest, "decoding ExtenderArgs (the JSON of k8s.io/kube-scheduler/extender/v1): " + err.Error()}
+	w, ok := decodeNamesArgs(data)
+	if !ok {
+		w = wireArgs{}
+		if err := json.Unmarshal(data, &w); err != nil {
+			return nil, &requestError{http.StatusBadRequest, "decoding ExtenderArgs (the JSON of k8s.io/kube-scheduler/extender/v1): " + err.Error()}
+		}
 	}
-	args := extenderv1.ExtenderArgs{Pod: w.Pod, Nodes: w.Nodes, NodeNames: (*[]string)(w.NodeNames)}
+	args := extenderv1.ExtenderArgs{Nodes: w.Nodes, NodeNames: (*[]string)(w.NodeNames)}
+	if w.Pod != nil {
+		args.Pod = w.Pod.pod
+	}
 	if args.Pod == nil {
 		return nil, &requestError{http.StatusBadRequest, "ExtenderArgs has no Pod"}
 	}

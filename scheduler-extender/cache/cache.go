@@ -259,7 +259,7 @@ func (c *Cache) SetNode(n *v1.Node) {
 	} else {
 		c.order = nil
 	}
-	ni.Node = n
+	ni.SetNode(n)
 	c.ownNodes()
 	c.nodes[n.Name] = ni
 	c.snap = nil
@@ -279,7 +279,7 @@ func (c *Cache) DeleteNode(name string) {
 		c.order = nil
 	} else {
 		ni := *old
-		ni.Node = nil
+		ni.SetNode(nil)
 		c.ownNodes()
 		c.nodes[name] = &ni
 	}
@@ -370,7 +370,8 @@ func (c *Cache) DeletePod(uid types.UID) {
 // the same pod, stands for old; c.mu is held.
 func (c *Cache) replace(node string, old, info *framework.PodInfo) {
 	cur := c.nodes[node]
-	ni := &framework.NodeInfo{Node: cur.Node}
+	ni := &framework.NodeInfo{}
+	ni.SetNodeOf(cur)
 	for _, p := range cur.Pods {
 		if p == old {
 			p = info
@@ -391,7 +392,8 @@ func (c *Cache) remove(node string, uid types.UID) {
 	if cur == nil {
 		return
 	}
-	ni := &framework.NodeInfo{Node: cur.Node}
+	ni := &framework.NodeInfo{}
+	ni.SetNodeOf(cur)
 	for _, p := range cur.Pods {
 		if p.Pod.UID != uid {
 			ni.AddPod(p)
@@ -412,12 +414,13 @@ func (c *Cache) remove(node string, uid types.UID) {
 // copyNodeInfo copies the lists so that appending does not reach into a
 // NodeInfo a snapshot holds.
 func copyNodeInfo(ni *framework.NodeInfo) *framework.NodeInfo {
-	return &framework.NodeInfo{
-		Node:                         ni.Node,
+	c := &framework.NodeInfo{
 		Pods:                         append([]*framework.PodInfo(nil), ni.Pods...),
 		PodsWithAffinity:             append([]*framework.PodInfo(nil), ni.PodsWithAffinity...),
 		PodsWithRequiredAntiAffinity: append([]*framework.PodInfo(nil), ni.PodsWithRequiredAntiAffinity...),
 	}
+	c.SetNodeOf(ni)
+	return c
 }
 
 // SetNamespace adds or updates a namespace.

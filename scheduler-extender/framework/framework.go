@@ -114,10 +114,10 @@ func nodeInfos(snap Snapshot, nodes []*v1.Node) *[]*NodeInfo {
 		ni := snap.Get(n.Name)
 		switch {
 		case ni == nil:
-			ni = &NodeInfo{Node: n}
+			ni = NewNodeInfo(n)
 		case ni.Node != n:
 			c := *ni
-			c.Node = n
+			c.SetNode(n)
 			ni = &c
 		}
 		out = append(out, ni)

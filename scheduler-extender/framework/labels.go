@@ -28,7 +28,8 @@ func InternLabels(m map[string]string) []Label {
 	return out
 }
 
-func lookup(ls []Label, key unique.Handle[string]) (unique.Handle[string], bool) {
+// LookupLabel is the value of key in ls, and whether ls has it.
+func LookupLabel(ls []Label, key unique.Handle[string]) (unique.Handle[string], bool) {
 	for i := range ls {
 		if ls[i].Key == key {
 			return ls[i].Value, true
@@ -99,15 +100,22 @@ func (r *requirement) hasValue(v unique.Handle[string]) bool {
 
 // Matches says whether the pod's labels match the selector.
 func (s *Selector) Matches(p *PodInfo) bool {
+	return s.MatchesLabels(p.Labels, p.Pod.Labels)
+}
+
+// MatchesLabels says whether labels match the selector: ls is them
+// interned, m the same labels as a map (read only by selectors the
+// compiled form does not cover).
+func (s *Selector) MatchesLabels(ls []Label, m map[string]string) bool {
 	switch {
 	case s.nothing:
 		return false
 	case s.generic != nil:
-		return s.generic.Matches(labels.Set(p.Pod.Labels))
+		return s.generic.Matches(labels.Set(m))
 	}
 	for i := range s.reqs {
 		r := &s.reqs[i]
-		v, ok := lookup(p.Labels, r.key)
+		v, ok := LookupLabel(ls, r.key)
 		switch r.op {
 		case selection.In, selection.Equals, selection.DoubleEquals:
 			if !ok || !r.hasValue(v) {

@@ -52,8 +52,10 @@ type AffinityTerm struct {
 	Selector labels.Selector
 	// LabelSelector is Selector compiled for PodInfos' interned labels.
 	LabelSelector *Selector
-	// TopologyKey is the node label the term groups nodes by.
+	// TopologyKey is the node label the term groups nodes by; Key is it
+	// interned, to read a NodeInfo's interned labels.
 	TopologyKey string
+	Key         unique.Handle[string]
 	// NamespaceSelector is the compiled namespaceSelector, matched against
 	// a namespace's labels: nil selector matches no namespace, {} every
 	// namespace.
@@ -189,6 +191,7 @@ func parseAffinityTerm(pod *v1.Pod, in *v1.PodAffinityTerm, out *AffinityTerm) e
 		Selector:          sel,
 		LabelSelector:     CompileSelector(sel),
 		TopologyKey:       in.TopologyKey,
+		Key:               unique.Make(in.TopologyKey),
 		NamespaceSelector: nsSel,
 		AllNamespaces:     nsSel.Empty(),
 	}

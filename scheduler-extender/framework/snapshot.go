@@ -2,6 +2,7 @@ package framework
 
 import (
 	"sort"
+	"unique"
 
 	v1 "k8s.io/api/core/v1"
 )
@@ -29,15 +30,60 @@ type NodeInfo struct {
 	// walk every pod.
 	PodsWithAffinity             []*PodInfo
 	PodsWithRequiredAntiAffinity []*PodInfo
+
+	// labels is the labels of labelsOf, interned when the node entered the
+	// cache (SetNode), so that each request's selector and topology-key
+	// checks compare handles in a small slice rather than hashing strings
+	// in every node's label map. Labels reads them only while labelsOf is
+	// Node, so a NodeInfo whose Node was set without SetNode is still
+	// answered right, only more slowly.
+	labels   []Label
+	labelsOf *v1.Node
 }
 
 // NewNodeInfo makes a NodeInfo of a node and its pods.
 func NewNodeInfo(node *v1.Node, pods ...*PodInfo) *NodeInfo {
-	ni := &NodeInfo{Node: node}
+	ni := &NodeInfo{}
+	ni.SetNode(node)
 	for _, p := range pods {
 		ni.AddPod(p)
 	}
 	return ni
+}
+
+// SetNode sets the node of a NodeInfo nobody reads yet, interning its
+// labels.
+func (ni *NodeInfo) SetNode(n *v1.Node) {
+	ni.Node = n
+	ni.labelsOf = n
+	ni.labels = nil
+	if n != nil {
+		ni.labels = InternLabels(n.Labels)
+	}
+}
+
+// SetNodeOf sets the node of a NodeInfo nobody reads yet to o's, with
+// o's interned labels.
+func (ni *NodeInfo) SetNodeOf(o *NodeInfo) {
+	ni.Node, ni.labels, ni.labelsOf = o.Node, o.labels, o.labelsOf
+}
+
+// Labels is the node's labels, interned (read-only). Made by SetNode, they
+// cost nothing here; a NodeInfo whose Node was set otherwise interns them
+// on every call.
+func (ni *NodeInfo) Labels() []Label {
+	switch {
+	case ni.labelsOf == ni.Node:
+		return ni.labels
+	case ni.Node == nil:
+		return nil
+	}
+	return InternLabels(ni.Node.Labels)
+}
+
+// Label is the value of the node's label key, and whether it has it.
+func (ni *NodeInfo) Label(key unique.Handle[string]) (unique.Handle[string], bool) {
+	return LookupLabel(ni.Labels(), key)
 }
 
 // AddPod adds a pod to the node's lists. (Only for a NodeInfo nobody reads
@@ -76,7 +122,7 @@ var _ IndexedSnapshot = (*MapSnapshot)(nil)
 func NewSnapshot(nodes []*v1.Node, pods []*v1.Pod, namespaces []*v1.Namespace) *MapSnapshot {
 	s := &MapSnapshot{nodes: map[string]*NodeInfo{}, namespaces: map[string]*v1.Namespace{}}
 	for _, n := range nodes {
-		ni := &NodeInfo{Node: n}
+		ni := NewNodeInfo(n)
 		s.nodes[n.Name] = ni
 		s.list = append(s.list, ni)
 	}

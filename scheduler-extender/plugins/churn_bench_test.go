@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	extender "github.com/tabbynet/tabby/scheduler-extender"
 	"github.com/tabbynet/tabby/scheduler-extender/cache"
 	"github.com/tabbynet/tabby/scheduler-extender/plugins"
@@ -25,6 +26,10 @@ import (
 func BenchmarkExtenderChurn(b *testing.B) {
 	c := cache.New()
 	in := benchInputs()
+	// As the throughput benchmark's fixture: a second pool, for other
+	// nodes (its nodeSelector matches none of these).
+	in.Pools = append(in.Pools, &tabbyv1.IPPool{ObjectMeta: metav1.ObjectMeta{Name: "rack1"}, Spec: tabbyv1.IPPoolSpec{CIDR: "11.0.0.0/16",
+		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"rack": "1"}}}})
 	c.SetNamespace(&v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}})
 	names := make([]string, 500)
 	for i := range names {

@@ -23,8 +23,15 @@ func mustState(t *testing.T, pods []*v1.Pod, nodes []*v1.Node, pod *v1.Pod) *pre
 	return s
 }
 
-func equalCounts(got, want pairCounts) bool {
-	return len(got) == len(want) && maps.Equal(got, want)
+// counts are pairCounts by the label's strings, as tests write them.
+type counts map[[2]string]int64
+
+func equalCounts(got pairCounts, want counts) bool {
+	plain := counts{}
+	for p, n := range got {
+		plain[[2]string{p.Key.Value(), p.Value.Value()}] = n
+	}
+	return len(got) == len(want) && maps.Equal(plain, want)
 }
 
 // Upstream's TestGetTPMapMatchingIncomingAffinityAntiAffinity
@@ -42,14 +49,14 @@ func TestIncomingAffinityAntiAffinityCounts(t *testing.T) {
 	normalPodB := newPod("bbb")
 	normalPodAB := newPod("aaa", "bbb")
 	nodeA := mkNode("nodeA", map[string]string{"hostname": "nodeA"})
-	hostA := topologyPair{"hostname", "nodeA"}
+	hostA := [2]string{"hostname", "nodeA"}
 
 	tests := []struct {
 		name         string
 		existingPods []*v1.Pod
 		pod          *v1.Pod
-		wantAffinity pairCounts
-		wantAnti     pairCounts
+		wantAffinity counts
+		wantAnti     counts
 	}{
 		{
 			name:         "no pod has label that violates incoming pod's affinity and anti-affinity",
@@ -60,16 +67,16 @@ func TestIncomingAffinityAntiAffinityCounts(t *testing.T) {
 			name:         "existing pod matches incoming pod's affinity and anti-affinity - single term case",
 			existingPods: []*v1.Pod{normalPodA},
 			pod:          mkPod().name("affi-antiaffi").exists(reqAffinity, "aaa", "hostname").exists(reqAnti, "aaa", "hostname").obj(),
-			wantAffinity: pairCounts{hostA: 1},
-			wantAnti:     pairCounts{hostA: 1},
+			wantAffinity: counts{hostA: 1},
+			wantAnti:     counts{hostA: 1},
 		},
 		{
 			name:         "existing pod matches incoming pod's affinity and anti-affinity - multiple terms case",
 			existingPods: []*v1.Pod{normalPodAB},
 			pod: mkPod().name("affi-antiaffi").exists(reqAffinity, "aaa", "hostname").
 				exists(reqAffinity, "bbb", "hostname").exists(reqAnti, "aaa", "hostname").obj(),
-			wantAffinity: pairCounts{hostA: 2}, // one for each term
-			wantAnti:     pairCounts{hostA: 1},
+			wantAffinity: counts{hostA: 2}, // one for each term
+			wantAnti:     counts{hostA: 1},
 		},
 		{
 			name:         "existing pod not match incoming pod's affinity but matches anti-affinity",
@@ -78,7 +85,7 @@ func TestIncomingAffinityAntiAffinityCounts(t *testing.T) {
 				exists(reqAffinity, "bbb", "hostname").
 				exists(reqAnti, "aaa", "hostname").
 				exists(reqAnti, "bbb", "hostname").obj(),
-			wantAnti: pairCounts{hostA: 1},
+			wantAnti: counts{hostA: 1},
 		},
 		{
 			name:         "incoming pod's anti-affinity has more than one term - existing pod violates partial term - case 1",
@@ -87,7 +94,7 @@ func TestIncomingAffinityAntiAffinityCounts(t *testing.T) {
 				exists(reqAffinity, "ccc", "hostname").
 				exists(reqAnti, "aaa", "hostname").
 				exists(reqAnti, "ccc", "hostname").obj(),
-			wantAnti: pairCounts{hostA: 1},
+			wantAnti: counts{hostA: 1},
 		},
 		{
 			name:         "incoming pod's anti-affinity has more than one term - existing pod violates partial term - case 2",
@@ -96,7 +103,7 @@ func TestIncomingAffinityAntiAffinityCounts(t *testing.T) {
 				exists(reqAffinity, "bbb", "hostname").
 				exists(reqAnti, "aaa", "hostname").
 				exists(reqAnti, "bbb", "hostname").obj(),
-			wantAnti: pairCounts{hostA: 1},
+			wantAnti: counts{hostA: 1},
 		},
 	}
 	for _, tc := range tests {
@@ -143,9 +150,9 @@ func TestPreFilterStateCounts(t *testing.T) {
 		name         string
 		pendingPod   *v1.Pod
 		pods         []*v1.Pod
-		wantAnti     pairCounts
-		wantAffinity pairCounts
-		wantExisting pairCounts
+		wantAnti     counts
+		wantAffinity counts
+		wantExisting counts
 	}{
 		{
 			name:       "anti-affinity terms",
@@ -155,9 +162,9 @@ func TestPreFilterStateCounts(t *testing.T) {
 				mkPod().name("p2").node("nodeC").affinity(&v1.Affinity{PodAntiAffinity: antiAffinityFooBar}).obj(),
 				mkPod().name("addedPod").labels(selector1).node("nodeB").affinity(&v1.Affinity{PodAntiAffinity: antiAffinityFooBar}).obj(),
 			},
-			wantAnti: pairCounts{{"region", "r1"}: 2},
+			wantAnti: counts{{"region", "r1"}: 2},
 			// p2 (region r2) and addedPod (region r1) select the pending pod.
-			wantExisting: pairCounts{{"region", "r1"}: 1, {"region", "r2"}: 1},
+			wantExisting: counts{{"region", "r1"}: 1, {"region", "r2"}: 1},
 		},
 		{
 			name:       "complex anti-affinity terms",
@@ -167,12 +174,12 @@ func TestPreFilterStateCounts(t *testing.T) {
 				mkPod().name("p2").node("nodeC").affinity(&v1.Affinity{PodAntiAffinity: antiAffinityFooBar}).obj(),
 				mkPod().name("addedPod").labels(selector1).node("nodeA").affinity(&v1.Affinity{PodAntiAffinity: antiAffinityComplex}).obj(),
 			},
-			wantAnti: pairCounts{
+			wantAnti: counts{
 				{"region", "r1"}: 2,
 				{"zone", "z11"}:  2,
 				{"zone", "z21"}:  1,
 			},
-			wantExisting: pairCounts{{"region", "r2"}: 1, {"region", "r1"}: 1, {"zone", "z11"}: 1},
+			wantExisting: counts{{"region", "r2"}: 1, {"region", "r1"}: 1, {"zone", "z11"}: 1},
 		},
 		{
 			name:       "affinity and anti-affinity terms",
@@ -182,11 +189,11 @@ func TestPreFilterStateCounts(t *testing.T) {
 				mkPod().name("p2").node("nodeC").affinity(&v1.Affinity{PodAntiAffinity: antiAffinityFooBar, PodAffinity: affinityComplex}).obj(),
 				mkPod().name("addedPod").labels(selector1).node("nodeA").affinity(&v1.Affinity{PodAntiAffinity: antiAffinityComplex}).obj(),
 			},
-			wantAffinity: pairCounts{
+			wantAffinity: counts{
 				{"region", "r1"}: 2,
 				{"zone", "z11"}:  2,
 			},
-			wantExisting: pairCounts{{"region", "r2"}: 1, {"region", "r1"}: 1, {"zone", "z11"}: 1},
+			wantExisting: counts{{"region", "r2"}: 1, {"region", "r1"}: 1, {"zone", "z11"}: 1},
 		},
 	}
 	for _, tc := range tests {

@@ -142,11 +142,8 @@ func NewWithArgs(args Args) (*Plugin, error) {
 func (*Plugin) Name() string { return Name }
 
 // topologyPair is a node label: the key a term groups nodes by and the
-// node's value.
-type topologyPair struct {
-	key   string
-	value string
-}
+// node's value, interned as the NodeInfo keeps them.
+type topologyPair = framework.Label
 
 type pairCounts map[topologyPair]int64
 
@@ -363,8 +360,8 @@ func (pl *Plugin) preFilter(ctx context.Context, snap framework.Snapshot, pod *v
 		for _, ep := range ni.PodsWithRequiredAntiAffinity {
 			for i := range ep.RequiredAntiAffinityTerms {
 				t := &ep.RequiredAntiAffinityTerms[i]
-				if tv, ok := ni.Node.Labels[t.TopologyKey]; ok && t.MatchesInfo(pi, nsLabels) {
-					into[topologyPair{t.TopologyKey, tv}]++
+				if tv, ok := ni.Label(t.Key); ok && t.MatchesInfo(pi, nsLabels) {
+					into[topologyPair{Key: t.Key, Value: tv}]++
 				}
 			}
 		}
@@ -376,9 +373,9 @@ func (pl *Plugin) preFilter(ctx context.Context, snap framework.Snapshot, pod *v
 	// those that match each anti-affinity term: counted per node, then
 	// added to the node's topology pairs.
 	if len(s.affinity) > 0 {
-		keys := make([]string, len(s.affinity))
+		keys := make([]unique.Handle[string], len(s.affinity))
 		for i := range s.affinity {
-			keys[i] = s.affinity[i].TopologyKey
+			keys[i] = s.affinity[i].Key
 		}
 		err := pl.countPairs(ctx, snap, s.affinity[0].LabelSelector, keys, s.affinityCounts, s.affinity,
 			func(m *matcher, ep *framework.PodInfo) bool { return m.matchesAll(0, ep) })
@@ -387,7 +384,7 @@ func (pl *Plugin) preFilter(ctx context.Context, snap framework.Snapshot, pod *v
 		}
 	}
 	for i := range s.anti {
-		err := pl.countPairs(ctx, snap, s.anti[i].LabelSelector, []string{s.anti[i].TopologyKey}, s.antiAffinityCounts, s.anti,
+		err := pl.countPairs(ctx, snap, s.anti[i].LabelSelector, []unique.Handle[string]{s.anti[i].Key}, s.antiAffinityCounts, s.anti,
 			func(m *matcher, ep *framework.PodInfo) bool { return m.matches(0, i, ep) })
 		if err != nil {
 			return nil, err
@@ -433,7 +430,7 @@ func (pl *Plugin) walk(ctx context.Context, list []*framework.NodeInfo, into pai
 // the node's pods for which match is true, walking only the nodes whose
 // pods sel may match (by the snapshot's label index). match gets a
 // matcher of terms of its goroutine's own.
-func (pl *Plugin) countPairs(ctx context.Context, snap framework.Snapshot, sel *framework.Selector, keys []string, into pairCounts,
+func (pl *Plugin) countPairs(ctx context.Context, snap framework.Snapshot, sel *framework.Selector, keys []unique.Handle[string], into pairCounts,
 	terms []term, match func(m *matcher, ep *framework.PodInfo) bool) error {
 	matchers := make([]*matcher, maxWorkers)
 	c := candidatePool.Get().(*candidateLists)
@@ -451,9 +448,10 @@ func (pl *Plugin) countPairs(ctx context.Context, snap framework.Snapshot, sel *
 		if n == 0 {
 			return
 		}
+		ls := ni.Labels()
 		for _, k := range keys {
-			if tv, ok := ni.Node.Labels[k]; ok {
-				into[topologyPair{k, tv}] += n
+			if tv, ok := framework.LookupLabel(ls, k); ok {
+				into[topologyPair{Key: k, Value: tv}] += n
 			}
 		}
 	})
@@ -506,16 +504,17 @@ var (
 // filter is upstream's Filter: affinity, then anti-affinity, then running
 // pods' anti-affinity.
 func (s *preFilterState) filter(n *framework.NodeInfo, fails *[3]framework.Status) *framework.Status {
-	nodeLabels := n.Node.Labels
+	nodeLabels := n.Labels()
 	// Pod affinity: every term's topology key on the node, and a matching
 	// pod in each term's topology pair.
 	podsExist := true
 	for i := range s.affinity {
-		tv, ok := nodeLabels[s.affinity[i].TopologyKey]
+		key := s.affinity[i].Key
+		tv, ok := framework.LookupLabel(nodeLabels, key)
 		if !ok {
 			return &fails[0]
 		}
-		if s.affinityCounts[topologyPair{s.affinity[i].TopologyKey, tv}] <= 0 {
+		if s.affinityCounts[topologyPair{Key: key, Value: tv}] <= 0 {
 			podsExist = false
 		}
 	}
@@ -525,15 +524,16 @@ func (s *preFilterState) filter(n *framework.NodeInfo, fails *[3]framework.Statu
 	// Pod anti-affinity.
 	if len(s.antiAffinityCounts) > 0 {
 		for i := range s.anti {
-			if tv, ok := nodeLabels[s.anti[i].TopologyKey]; ok && s.antiAffinityCounts[topologyPair{s.anti[i].TopologyKey, tv}] > 0 {
+			key := s.anti[i].Key
+			if tv, ok := framework.LookupLabel(nodeLabels, key); ok && s.antiAffinityCounts[topologyPair{Key: key, Value: tv}] > 0 {
 				return &fails[1]
 			}
 		}
 	}
 	// Running pods' anti-affinity.
 	if len(s.existingAntiAffinityCounts) > 0 {
-		for k, v := range nodeLabels {
-			if s.existingAntiAffinityCounts[topologyPair{k, v}] > 0 {
+		for _, l := range nodeLabels {
+			if s.existingAntiAffinityCounts[l] > 0 {
 				return &fails[2]
 			}
 		}
@@ -579,7 +579,7 @@ func (pl *Plugin) Score(ctx context.Context, snap framework.Snapshot, pod *v1.Po
 	topo := pairCounts{}
 	for i := range preferred {
 		weighted := pairCounts{}
-		err := pl.countPairs(ctx, snap, preferred[i].LabelSelector, []string{preferred[i].TopologyKey}, weighted, preferred,
+		err := pl.countPairs(ctx, snap, preferred[i].LabelSelector, []unique.Handle[string]{preferred[i].Key}, weighted, preferred,
 			func(m *matcher, ep *framework.PodInfo) bool { return m.matches(0, i, ep) })
 		if err != nil {
 			return nil, err
@@ -593,10 +593,10 @@ func (pl *Plugin) Score(ctx context.Context, snap framework.Snapshot, pod *v1.Po
 		withAffinity = is.HavePodsWithAffinity()
 	}
 	err := pl.walk(ctx, withAffinity, topo, func(_ int, ni *framework.NodeInfo, into pairCounts) {
-		nodeLabels := ni.Node.Labels
+		nodeLabels := ni.Labels()
 		add := func(t *framework.AffinityTerm, weight int64) {
-			if tv, ok := nodeLabels[t.TopologyKey]; ok && t.MatchesInfo(pi, nsLabels) {
-				into[topologyPair{t.TopologyKey, tv}] += weight
+			if tv, ok := framework.LookupLabel(nodeLabels, t.Key); ok && t.MatchesInfo(pi, nsLabels) {
+				into[topologyPair{Key: t.Key, Value: tv}] += weight
 			}
 		}
 		for _, ep := range ni.PodsWithAffinity {
@@ -621,24 +621,25 @@ func (pl *Plugin) Score(ctx context.Context, snap framework.Snapshot, pod *v1.Po
 	}
 	// By topology key: every node reads each key once.
 	type keyScores struct {
-		key string
-		vs  map[string]int64
+		key unique.Handle[string]
+		vs  map[unique.Handle[string]]int64
 	}
 	var keys []keyScores
 	for pair, v := range topo {
-		i := slices.IndexFunc(keys, func(k keyScores) bool { return k.key == pair.key })
+		i := slices.IndexFunc(keys, func(k keyScores) bool { return k.key == pair.Key })
 		if i < 0 {
 			i = len(keys)
-			keys = append(keys, keyScores{pair.key, map[string]int64{}})
+			keys = append(keys, keyScores{pair.Key, map[unique.Handle[string]]int64{}})
 		}
-		keys[i].vs[pair.value] += v
+		keys[i].vs[pair.Value] += v
 	}
 
 	minScore, maxScore := int64(math.MaxInt64), int64(math.MinInt64)
 	for i, ni := range nodes {
 		var s int64
+		ls := ni.Labels()
 		for _, k := range keys {
-			if v, ok := ni.Node.Labels[k.key]; ok {
+			if v, ok := framework.LookupLabel(ls, k.key); ok {
 				s += k.vs[v]
 			}
 		}

@@ -5,6 +5,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/tabbynet/tabby/scheduler-extender/framework"
 )
 
 // Required is upstream's RequiredNodeAffinity (nodeSelector and required
@@ -12,17 +14,19 @@ import (
 // exists for speed: upstream's Match builds a fields.Set of every node it
 // is asked about, which at 5,000 nodes was the largest allocation of a
 // filter request (and PodTopologySpread asks it about every node too).
-// Terms with matchFields, which need the node's fields, still go through
-// upstream's selector.
+// Selectors are compiled to match the node's interned labels
+// (framework.Selector): a handle compare per label, not a string hash in
+// each node's label map. Terms with matchFields, which need the node's
+// fields, still go through upstream's selector.
 type Required struct {
-	selector labels.Selector // spec.nodeSelector; nil for none
-	affinity bool            // required node affinity is set
-	terms    []term          // its terms, empty ones left out as upstream does
+	selector *framework.Selector // spec.nodeSelector; nil for none
+	affinity bool                // required node affinity is set
+	terms    []term              // its terms, empty ones left out as upstream does
 }
 
 // term is one node selector term.
 type term struct {
-	labels labels.Selector                     // its matchExpressions (terms without matchFields)
+	labels *framework.Selector                 // its matchExpressions (terms without matchFields)
 	fields *nodeaffinity.LazyErrorNodeSelector // the whole term, when it has matchFields
 	bad    bool                                // does not parse: matches nothing
 }
@@ -32,7 +36,7 @@ type term struct {
 func CompileRequired(pod *v1.Pod) Required {
 	var r Required
 	if len(pod.Spec.NodeSelector) > 0 {
-		r.selector = labels.SelectorFromSet(pod.Spec.NodeSelector)
+		r.selector = framework.CompileSelector(labels.SelectorFromSet(pod.Spec.NodeSelector))
 	}
 	a := pod.Spec.Affinity
 	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
@@ -46,8 +50,11 @@ func CompileRequired(pod *v1.Pod) Required {
 		case len(t.MatchFields) > 0:
 			r.terms = append(r.terms, term{fields: nodeaffinity.NewLazyErrorNodeSelector(&v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{t}})})
 		default:
-			sel, ok := expressionsAsSelector(t.MatchExpressions)
-			r.terms = append(r.terms, term{labels: sel, bad: !ok})
+			c := term{bad: true}
+			if sel, ok := expressionsAsSelector(t.MatchExpressions); ok {
+				c = term{labels: framework.CompileSelector(sel)}
+			}
+			r.terms = append(r.terms, c)
 		}
 	}
 	return r
@@ -87,9 +94,10 @@ func expressionsAsSelector(reqs []v1.NodeSelectorRequirement) (labels.Selector, 
 // Match says whether the node satisfies the nodeSelector and one of the
 // terms (a term that does not parse matches nothing, as upstream's Match
 // with its error ignored).
-func (r Required) Match(n *v1.Node) bool {
-	l := labels.Set(n.Labels)
-	if r.selector != nil && !r.selector.Matches(l) {
+func (r Required) Match(ni *framework.NodeInfo) bool {
+	n := ni.Node
+	ls := ni.Labels()
+	if r.selector != nil && !r.selector.MatchesLabels(ls, n.Labels) {
 		return false
 	}
 	if !r.affinity {
@@ -102,7 +110,7 @@ func (r Required) Match(n *v1.Node) bool {
 			if ok, _ := t.fields.Match(n); ok {
 				return true
 			}
-		case t.labels.Matches(l):
+		case t.labels.MatchesLabels(ls, n.Labels):
 			return true
 		}
 	}

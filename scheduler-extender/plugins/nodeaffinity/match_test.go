@@ -7,6 +7,8 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+
+	"github.com/tabbynet/tabby/scheduler-extender/framework"
 )
 
 // TestRequiredMatchesUpstream compares the compiled matcher with upstream's
@@ -60,8 +62,12 @@ func TestRequiredMatchesUpstream(t *testing.T) {
 		got := CompileRequired(pod)
 		for _, n := range nodes {
 			w, _ := want.Match(n)
-			if g := got.Match(n); g != w {
-				t.Fatalf("pod %d %+v on node %s %v: got %v, upstream %v", i, pod.Spec, n.Name, n.Labels, g, w)
+			// The node's labels interned once (as the cache does), and
+			// a NodeInfo whose Node was set without them.
+			for _, ni := range []*framework.NodeInfo{framework.NewNodeInfo(n), {Node: n}} {
+				if g := got.Match(ni); g != w {
+					t.Fatalf("pod %d %+v on node %s %v: got %v, upstream %v", i, pod.Spec, n.Name, n.Labels, g, w)
+				}
 			}
 		}
 	}

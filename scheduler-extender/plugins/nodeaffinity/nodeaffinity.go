@@ -42,7 +42,7 @@ func (Plugin) PreFilter(_ context.Context, _ framework.Snapshot, pod *v1.Pod) (f
 	// One status for every node it fails (the framework only reads it).
 	fail := framework.Fail(framework.UnschedulableAndUnresolvable, ErrReasonPod)
 	return func(n *framework.NodeInfo) *framework.Status {
-		if !required.Match(n.Node) {
+		if !required.Match(n) {
 			return fail
 		}
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"unique"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,9 +23,9 @@ var (
 // what the skew of a node is measured against.
 type filterState struct {
 	constraints []constraint
-	// counts[i] maps each eligible domain (topology value) of constraint i
-	// to its matching pods (upstream's TpValueToMatchNum).
-	counts []map[string]int
+	// counts[i] maps each eligible domain (topology value, interned) of
+	// constraint i to its matching pods (upstream's TpValueToMatchNum).
+	counts []map[unique.Handle[string]]int
 	// minCount[i] is the least matching pods of an eligible domain
 	// (math.MaxInt32 when there is none), upstream's CriticalPaths[i][0].
 	minCount []int
@@ -61,7 +62,7 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 	nodes := snap.List()
 	s := &filterState{
 		constraints: cs,
-		counts:      make([]map[string]int, len(cs)),
+		counts:      make([]map[unique.Handle[string]]int, len(cs)),
 		minCount:    make([]int, len(cs)),
 		globalMin:   make([]int, len(cs)),
 		self:        make([]int, len(cs)),
@@ -71,7 +72,7 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 		if cs[i].TopologyKey == v1.LabelHostname {
 			size = len(nodes)
 		}
-		s.counts[i] = make(map[string]int, size)
+		s.counts[i] = make(map[unique.Handle[string]]int, size)
 	}
 
 	// Which nodes count for which constraint (all keys, inclusion
@@ -86,11 +87,10 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 	incl := newInclusion(pod, cs)
 	pl.parallelize(len(nodes), func(lo, hi int) {
 		for n := lo; n < hi; n++ {
-			node := nodes[n].Node
-			if !hasAllKeys(node.Labels, cs) {
+			if !hasAllKeys(nodes[n], cs) {
 				continue
 			}
-			affOK, taintsOK := incl.node(node)
+			affOK, taintsOK := incl.node(nodes[n])
 			for i := range cs {
 				if cs[i].includes(affOK, taintsOK) {
 					eligible[n*nc+i] = true
@@ -103,6 +103,7 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 	})
 	bySel := pl.podCounts(nodes, cnt, need)
 	for n, ni := range nodes {
+		var ls []framework.Label
 		for i := range cs {
 			if !eligible[n*nc+i] {
 				continue
@@ -111,7 +112,10 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 			if g := bySel[cnt.of[i]]; g != nil {
 				c = int(g[n])
 			}
-			s.counts[i][ni.Node.Labels[cs[i].TopologyKey]] += c
+			if ls == nil {
+				ls = ni.Labels()
+			}
+			s.counts[i][domain(ls, cs[i].key)] += c
 		}
 	}
 
@@ -136,10 +140,10 @@ func (pl *Plugin) preFilterState(snap framework.Snapshot, pod *v1.Pod) (*filterS
 // filter is upstream's Filter: the constraints in order, the first failing
 // one deciding.
 func (s *filterState) filter(n *framework.NodeInfo) *framework.Status {
-	nodeLabels := n.Node.Labels
+	nodeLabels := n.Labels()
 	for i := range s.constraints {
 		c := &s.constraints[i]
-		v, ok := nodeLabels[c.TopologyKey]
+		v, ok := framework.LookupLabel(nodeLabels, c.key)
 		if !ok {
 			return statusMissingLabel
 		}

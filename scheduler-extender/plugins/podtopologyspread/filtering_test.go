@@ -535,7 +535,14 @@ func TestPreFilterState(t *testing.T) {
 			if diff := cmp.Diff(tt.wantConstraints, gotConstraints(s.constraints)); diff != "" {
 				t.Errorf("constraints (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tt.wantCounts, s.counts); diff != "" {
+			counts := make([]map[string]int, len(s.counts))
+			for i, m := range s.counts {
+				counts[i] = map[string]int{}
+				for v, n := range m {
+					counts[i][v.Value()] = n
+				}
+			}
+			if diff := cmp.Diff(tt.wantCounts, counts); diff != "" {
 				t.Errorf("counts per domain (-want +got):\n%s", diff)
 			}
 			if diff := cmp.Diff(tt.wantMin, s.minCount); diff != "" {

@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"unique"
 
 	appsv1 "k8s.io/api/apps/v1"
 	v1 "k8s.io/api/core/v1"
@@ -188,8 +189,10 @@ func (*Plugin) Name() string { return Name }
 // constraint is a v1.TopologySpreadConstraint with its selector parsed and
 // its defaults applied.
 type constraint struct {
-	MaxSkew       int32
-	TopologyKey   string
+	MaxSkew     int32
+	TopologyKey string
+	// key is TopologyKey interned: nodes' labels are read by it.
+	key           unique.Handle[string]
 	Selector      labels.Selector
 	MinDomains    int32
 	HonorAffinity bool // nodeAffinityPolicy Honor (the default)
@@ -222,6 +225,7 @@ func parseConstraints(in []v1.TopologySpreadConstraint, podLabels map[string]str
 		tc := constraint{
 			MaxSkew:       c.MaxSkew,
 			TopologyKey:   c.TopologyKey,
+			key:           unique.Make(c.TopologyKey),
 			Selector:      sel,
 			MinDomains:    1,
 			HonorAffinity: true,
@@ -336,13 +340,27 @@ func defaultSelector(pod *v1.Pod, wl framework.WorkloadLister) labels.Selector {
 }
 
 // hasAllKeys says whether a node has every constraint's topology key.
-func hasAllKeys(nodeLabels map[string]string, cs []constraint) bool {
+func hasAllKeys(ni *framework.NodeInfo, cs []constraint) bool {
+	ls := ni.Labels()
 	for i := range cs {
-		if _, ok := nodeLabels[cs[i].TopologyKey]; !ok {
+		if _, ok := framework.LookupLabel(ls, cs[i].key); !ok {
 			return false
 		}
 	}
 	return true
+}
+
+// noValue is the domain of a node without the topology key, where
+// upstream reads a missing label as "".
+var noValue = unique.Make("")
+
+// domain is the node's value of the topology key, noValue when it has
+// none.
+func domain(ls []framework.Label, key unique.Handle[string]) unique.Handle[string] {
+	if v, ok := framework.LookupLabel(ls, key); ok {
+		return v
+	}
+	return noValue
 }
 
 // counter counts a node's matching pods for several constraints, once per
@@ -456,12 +474,13 @@ func doNotScheduleTaint(t *v1.Taint) bool {
 
 // node says whether the node passes the pod's node affinity and tolerates its
 // taints (each true when not needed).
-func (in *inclusion) node(n *v1.Node) (affOK, taintsOK bool) {
+func (in *inclusion) node(ni *framework.NodeInfo) (affOK, taintsOK bool) {
+	n := ni.Node
 	affOK, taintsOK = true, true
 	if in.needAff {
 		// Parsing errors are ignored, as upstream, for backwards
 		// compatibility: a term that does not parse matches nothing.
-		affOK = in.affinity.Match(n)
+		affOK = in.affinity.Match(ni)
 	}
 	if in.needTaints {
 		_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(in.logger, n.Spec.Taints, in.tolerations, doNotScheduleTaint, enableTaintComparisonOperators)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"unique"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -21,7 +22,7 @@ type scoreState struct {
 	// counts[i] maps the domains of constraint i that hold a request node
 	// to their matching pods; nil for hostname constraints, counted per
 	// node when scoring (upstream's TopologyValueToPodCounts).
-	counts []map[string]int64
+	counts []map[unique.Handle[string]]int64
 	// weights[i] is log(domains of constraint i among the scored nodes + 2).
 	weights []float64
 	// hostCounts[j*len(constraints)+i] is the matching pods on request
@@ -61,7 +62,7 @@ func (pl *Plugin) Score(ctx context.Context, snap framework.Snapshot, pod *v1.Po
 			var score float64
 			for i := range s.constraints {
 				c := &s.constraints[i]
-				v, ok := ni.Node.Labels[c.TopologyKey]
+				v, ok := ni.Label(c.key)
 				if !ok {
 					continue
 				}
@@ -119,13 +120,13 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 	s := &scoreState{
 		constraints: cs,
 		ignored:     make([]bool, len(nodes)),
-		counts:      make([]map[string]int64, len(cs)),
+		counts:      make([]map[unique.Handle[string]]int64, len(cs)),
 		weights:     make([]float64, len(cs)),
 	}
 	zonal, hostname := false, false // some constraint is (not) on hostname
 	for i := range cs {
 		if cs[i].TopologyKey != v1.LabelHostname {
-			s.counts[i] = map[string]int64{}
+			s.counts[i] = map[unique.Handle[string]]int64{}
 			zonal = true
 		} else {
 			hostname = true
@@ -133,7 +134,7 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 	}
 	ignored := 0
 	for j, ni := range nodes {
-		if requireAll && !hasAllKeys(ni.Node.Labels, cs) {
+		if requireAll && !hasAllKeys(ni, cs) {
 			s.ignored[j] = true
 			ignored++
 			continue
@@ -142,7 +143,7 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 			if s.counts[i] != nil {
 				// A missing key (only with the system defaults) is
 				// the domain "", as upstream.
-				s.counts[i][ni.Node.Labels[cs[i].TopologyKey]] = 0
+				s.counts[i][domain(ni.Labels(), cs[i].key)] = 0
 			}
 		}
 	}
@@ -204,15 +205,15 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 					}
 				}
 			}
-			if !zonal || requireAll && !hasAllKeys(ni.Node.Labels, cs) {
+			if !zonal || requireAll && !hasAllKeys(ni, cs) {
 				continue
 			}
-			affOK, taintsOK := incl.node(ni.Node)
+			affOK, taintsOK := incl.node(ni)
 			for i := range cs {
 				if s.counts[i] == nil || !cs[i].includes(affOK, taintsOK) {
 					continue
 				}
-				if _, ok := s.counts[i][ni.Node.Labels[cs[i].TopologyKey]]; !ok {
+				if _, ok := s.counts[i][domain(ni.Labels(), cs[i].key)]; !ok {
 					continue
 				}
 				eligible[n*nc+i] = true
@@ -237,7 +238,7 @@ func (pl *Plugin) preScoreState(snap framework.Snapshot, pod *v1.Pod, nodes []*f
 		}
 		for i := range cs {
 			if eligible[n*nc+i] {
-				s.counts[i][ni.Node.Labels[cs[i].TopologyKey]] += int64(countOf(i, n))
+				s.counts[i][domain(ni.Labels(), cs[i].key)] += int64(countOf(i, n))
 			}
 		}
 	}

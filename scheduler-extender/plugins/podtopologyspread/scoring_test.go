@@ -261,9 +261,10 @@ func TestPreScoreStateEmptyNodes(t *testing.T) {
 			}
 			counts := make([]map[string]int64, len(s.counts))
 			for i, m := range s.counts {
-				counts[i] = m
-				if m == nil { // hostname: counted per node, upstream's {}
-					counts[i] = map[string]int64{}
+				// hostname (nil): counted per node, upstream's {}
+				counts[i] = map[string]int64{}
+				for v, n := range m {
+					counts[i][v.Value()] = n
 				}
 			}
 			if diff := cmp.Diff(tt.wantCounts, counts); diff != "" {
