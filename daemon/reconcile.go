@@ -505,14 +505,12 @@ func (r *router) desiredState(p *pass) (routing.State, int, []string) {
 // not, or reread: the speaker changed filters or sessions since.
 func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 	out := &p.out
-	// The sessions' states (each session's Adj-RIB-In read for what it
-	// rejected) are for the report: reconcileOnce reads them after the
-	// routes are in, unless a restart's kept routes wait on them. Then
-	// they are read here, first: a
-	// peer's End-of-RIB seen in the states must come before the routes
-	// read, or the routes it sent just before it would be missing from
-	// them while the kept routes are dropped, and a route would leave the
-	// kernel until the next pass.
+	// The sessions' states are for the report: reconcileOnce reads them
+	// after the routes are in, unless a restart's kept routes wait on
+	// them. Then they are read here, first: a peer's End-of-RIB seen in
+	// the states must come before the routes read, or the routes it sent
+	// just before it would be missing from them while the kept routes are
+	// dropped, and a route would leave the kernel until the next pass.
 	holding := r.holding
 	if holding {
 		r.readStates(ctx, p)
