@@ -15,14 +15,14 @@ type rib struct {
 	best map[netip.Prefix]LearnedRoute
 	// byPeer are all current (not stale) paths, by the peer they came from.
 	byPeer map[netip.Addr][]LearnedRoute
-	// kept are the prefixes of every path the table keeps, stale ones
-	// included, by the peer it came from: what the import policy let in.
-	kept map[netip.Addr]map[netip.Prefix]bool
+	// kept counts every path the table keeps, stale ones included, by the
+	// peer it came from: what the import policy let in.
+	kept map[netip.Addr]int
 }
 
 // scanRIB reads GoBGP's global table for both address families.
 func (s *Speaker) scanRIB(ctx context.Context) (rib, error) {
-	r := rib{best: map[netip.Prefix]LearnedRoute{}, byPeer: map[netip.Addr][]LearnedRoute{}, kept: map[netip.Addr]map[netip.Prefix]bool{}}
+	r := rib{best: map[netip.Prefix]LearnedRoute{}, byPeer: map[netip.Addr][]LearnedRoute{}, kept: map[netip.Addr]int{}}
 	var bad error
 	for _, fam := range []*api.Family{familyV4, familyV6} {
 		err := s.srv.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_GLOBAL, Family: fam}, func(d *api.Destination) {
@@ -42,11 +42,7 @@ func (s *Speaker) scanRIB(ctx context.Context) (rib, error) {
 				if err != nil || peer.IsUnspecified() || p.IsWithdraw {
 					continue // originated here
 				}
-				if k := r.kept[peer.Unmap()]; k != nil {
-					k[pfx] = true
-				} else {
-					r.kept[peer.Unmap()] = map[netip.Prefix]bool{pfx: true}
-				}
+				r.kept[peer.Unmap()]++
 				if p.Stale && s.glog.overLimit(p.NeighborIp) {
 					bestSkipped = bestSkipped || p.Best
 					continue

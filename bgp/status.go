@@ -43,7 +43,7 @@ func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 const maxRejectedShown = 10
 
 // countRejected counts the routes of a session the import policy rejects,
-// given the prefixes of its routes the table kept. GoBGP's count of what
+// given how many of its routes the table kept. GoBGP's count of what
 // a session sent leaves out only routes with AS loops, so when the table
 // kept as many, the import policy rejected none. Only otherwise is GoBGP
 // asked for the session's routes marked by the policy (it keeps rejected
@@ -52,8 +52,8 @@ const maxRejectedShown = 10
 // GoBGP's one loop: on a route reflector, with every session's state read
 // on every routing pass, asking each time held up the routes it was
 // passing on.
-func (s *Speaker) countRejected(ctx context.Context, st *PeerState, kept map[netip.Prefix]bool) error {
-	if st.Accepted <= len(kept) {
+func (s *Speaker) countRejected(ctx context.Context, st *PeerState, kept int) error {
+	if st.Accepted <= kept {
 		return nil
 	}
 	err := s.srv.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_ADJ_IN, Name: st.Key(),
