@@ -273,6 +273,7 @@ type pass struct {
 	learned  []bgp.LearnedRoute // 5: what BGP learned
 	states   []bgp.PeerState    // the sessions' states
 	stale    int                // learned routes kept stale by graceful restart
+	refused  []string           // why learned routes are not installed
 	state    routing.State      // what the kernel gets
 	nKept    int                // routes of the previous run still kept
 	restart  string             // the restart's note
@@ -481,23 +482,24 @@ func (r *router) earlyRoutes(ctx context.Context, p *pass) {
 		return // programKernel reads them again, and reports
 	}
 	p.learned = learned
-	state, _, _ := r.desiredState(p)
+	r.desiredState(p)
 	t = time.Now()
-	if _, err := r.apply(state, false); err == nil {
+	if _, err := r.apply(p.state, false); err == nil {
 		p.step("earlyApply", t)
 	}
 }
 
-// desiredState is what the kernel gets from p.learned: the routes the
-// filters accept (and why others are refused), through routing.Desired.
-func (r *router) desiredState(p *pass) (routing.State, int, []string) {
+// desiredState works out p.state, what the kernel gets from p.learned:
+// the routes the filters accept, through routing.Desired (p.refused says
+// why others are not installed, p.stale counts the stale ones).
+func (r *router) desiredState(p *pass) {
 	nodeAddrs := map[netip.Addr]bool{}
 	for _, n := range p.nodes {
 		nodeAddrs[n.IPv4.Addr()], nodeAddrs[n.IPv6.Addr()] = true, true
 	}
-	toInstall, stale, refused := installable(p.learned, p.snap.pools, nodeAddrs, p.filters, p.desired)
-	state := routing.Desired(routing.Inputs{Node: p.info, Pools: p.snap.pools, Blocks: r.ownBlocks(&p.snap), Learned: toInstall, Peers: p.peers})
-	return state, stale, refused
+	var toInstall []routing.LearnedRoute
+	toInstall, p.stale, p.refused = installable(p.learned, p.snap.pools, nodeAddrs, p.filters, p.desired)
+	p.state = routing.Desired(routing.Inputs{Node: p.info, Pools: p.snap.pools, Blocks: r.ownBlocks(&p.snap), Learned: toInstall, Peers: p.peers})
 }
 
 // programKernel is step 6: what BGP learned, through routing.Desired,
@@ -515,6 +517,8 @@ func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 	if holding {
 		r.readStates(ctx, p)
 	}
+	// The state earlyRoutes worked out from them stands unless they are
+	// read again.
 	if p.learned == nil || reread {
 		var err error
 		t := time.Now()
@@ -522,11 +526,10 @@ func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 			out.problem(true, "reading the routes BGP learned: %v", err)
 		}
 		p.step("learned", t)
+		r.desiredState(p)
 	}
-	r.traceLearned(ctx, p.learned)
-	var refused []string
-	p.state, p.stale, refused = r.desiredState(p)
-	for _, why := range refused {
+	r.traceLearned(p)
+	for _, why := range p.refused {
 		out.problem(false, "%s", why)
 	}
 	for _, w := range p.state.Warnings {
@@ -555,11 +558,12 @@ func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 // traceLearned logs, at debug level, how the routes BGP learned changed
 // since the last pass: with the time each pass read them, it tells a
 // route BGP learned late from one the pass installed late.
-func (r *router) traceLearned(ctx context.Context, learned []bgp.LearnedRoute) {
-	if !r.log.Enabled(ctx, slog.LevelDebug) {
+func (r *router) traceLearned(p *pass) {
+	if !p.debug {
 		r.lastLearned = nil
 		return
 	}
+	learned := p.learned
 	now := make(map[netip.Prefix]bgp.LearnedRoute, len(learned))
 	var added, gone []string
 	for _, lr := range learned {
