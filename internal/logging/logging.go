@@ -5,11 +5,14 @@
 package logging
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 )
@@ -91,4 +94,54 @@ func (f *Flags) Logger(w io.Writer) (*slog.Logger, error) {
 	log := slog.New(h)
 	klog.SetSlogLogger(log)
 	return log, nil
+}
+
+// ClientContext returns ctx carrying log as the logger client-go's calls
+// made with it use (klog.FromContext), so their lines land in log rather
+// than klog's global logger. A call cut short because ctx (or a deadline
+// under it) ended logs its "error" at debug level: the caller stopped it
+// on purpose, and client-go's error line on reading the response body
+// would otherwise say ERROR on every clean shutdown.
+func ClientContext(ctx context.Context, log *slog.Logger) context.Context {
+	return klog.NewContext(ctx, logr.FromSlogHandler(endedQuiet{log.Handler()}))
+}
+
+// endedQuiet lowers error records whose error is a context's end to debug.
+type endedQuiet struct{ slog.Handler }
+
+func (h endedQuiet) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelError && contextEnded(r) {
+		if !h.Handler.Enabled(ctx, slog.LevelDebug) {
+			return nil
+		}
+		r.Level = slog.LevelDebug
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+// Enabled admits error records whatever the level: Handle decides once it
+// sees the error.
+func (h endedQuiet) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelError || h.Handler.Enabled(ctx, l)
+}
+
+func (h endedQuiet) WithAttrs(as []slog.Attr) slog.Handler {
+	return endedQuiet{h.Handler.WithAttrs(as)}
+}
+
+func (h endedQuiet) WithGroup(name string) slog.Handler {
+	return endedQuiet{h.Handler.WithGroup(name)}
+}
+
+func contextEnded(r slog.Record) bool {
+	ended := false
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok &&
+			(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			ended = true
+			return false
+		}
+		return true
+	})
+	return ended
 }

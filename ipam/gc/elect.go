@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tabbynet/tabby/internal/logging"
+
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,6 +65,10 @@ func (g *GC) RunElected(ctx context.Context, e Election) error {
 		return err
 	}
 	el := &elector{e: e, log: g.log.With("component", "leaderelection"), where: e.Namespace + "/" + e.Name}
+	// client-go logs the calls made under ctx (the Lease's, the
+	// collector's) into the collector's log, and a call that ctx's end
+	// cuts short is no error.
+	ctx = logging.ClientContext(ctx, g.log)
 	for {
 		if !el.acquire(ctx) {
 			return nil // ctx ended
@@ -293,7 +299,7 @@ func (el *elector) release() {
 	if !el.leading || el.observed == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), el.e.RenewDeadline)
+	ctx, cancel := context.WithTimeout(logging.ClientContext(context.Background(), el.log), el.e.RenewDeadline)
 	defer cancel()
 	l := el.observed.DeepCopy()
 	now := metav1.NewMicroTime(time.Now())
