@@ -124,6 +124,17 @@ func (m *routingMetrics) observeSessions(states []bgp.PeerState) {
 
 // observeApply counts what an Apply changed.
 func (m *routingMetrics) observeApply(st routing.Stats, err error) {
+	m.observeChanges(st)
+	if err != nil {
+		m.applyErrors.Inc()
+		m.lastReconcileOK.Set(0)
+	} else {
+		m.lastReconcileOK.Set(1)
+	}
+}
+
+// observeChanges counts the kernel changes an apply made, by object.
+func (m *routingMetrics) observeChanges(st routing.Stats) {
 	for obj, c := range map[string]routing.Counts{
 		"route": st.Routes, "link": st.Links, "address": st.Addresses, "fdb": st.FDB, "neighbor": st.Neighbors,
 		"setmember": st.SetMembers, "natrule": st.NATRules, "sysctl": st.Sysctls,
@@ -131,12 +142,6 @@ func (m *routingMetrics) observeApply(st routing.Stats, err error) {
 		if n := c.Changed(); n > 0 {
 			m.kernelChanges.WithLabelValues(obj).Add(float64(n))
 		}
-	}
-	if err != nil {
-		m.applyErrors.Inc()
-		m.lastReconcileOK.Set(0)
-	} else {
-		m.lastReconcileOK.Set(1)
 	}
 }
 

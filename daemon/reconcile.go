@@ -73,7 +73,8 @@ type router struct {
 	cfg     routerConfig
 	log     *slog.Logger
 	caches  *caches
-	applier *routing.Applier
+	applier *routing.Applier // all but NAT outgoing, which is nat's
+	nat     *natWorker
 	vxlan   *tunnel
 	ipip    *tunnel
 	metrics *routingMetrics
@@ -130,6 +131,7 @@ func newRouter(cfg routerConfig) *router {
 		metrics:    cfg.Metrics,
 		firstStart: true,
 	}
+	r.nat = newNATWorker(cfg.Log.With("loop", "nat-outgoing"), cfg.Metrics, cfg.Resync, r.markDirty)
 	// A reconcile that failed part-way runs again after retryAfter, however
 	// often it failed: the failures are on /readyz meanwhile.
 	r.loop = loop.New(loop.Config{
@@ -200,6 +202,7 @@ func (r *router) run(ctx context.Context) {
 		time.AfterFunc(r.cfg.StartupHold, r.markDirty) // the bound, should nothing else happen then
 		r.log.Info("restarting: the previous run's routes are kept until BGP has converged", "routes", len(kept), "atMost", r.cfg.StartupHold)
 	}
+	go r.nat.run(ctx)
 	_ = r.loop.Run(ctx)
 }
 
@@ -553,6 +556,17 @@ func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 	for _, c := range stats.Conflicts {
 		out.problem(false, "%s", c)
 	}
+	// NAT outgoing is the worker's: it retries on its own, and its
+	// result changing brings a pass here.
+	r.nat.set(p.state.NAT)
+	switch programmed, err := r.nat.state(); {
+	case err != nil:
+		out.problem(false, "programming NAT outgoing: %v", err)
+		r.metrics.lastReconcileOK.Set(0)
+		p.notReady = append(p.notReady, "programming NAT outgoing failed: "+err.Error())
+	case !programmed:
+		p.notReady = append(p.notReady, "NAT outgoing is not programmed yet")
+	}
 }
 
 // traceLearned logs, at debug level, how the routes BGP learned changed
@@ -633,7 +647,7 @@ func (r *router) apply(state routing.State, heal bool) (routing.Stats, error) {
 		stats, applyErr = r.applier.ApplyRoutes(state)
 		at = r.appliedAt
 	} else {
-		stats, applyErr = r.applier.Apply(state)
+		stats, applyErr = r.applier.ApplyNetlink(state)
 	}
 	r.metrics.observeApply(stats, applyErr)
 	applyDur := time.Since(applyStart)

@@ -28,7 +28,7 @@ func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *ipt
 		Recorder:    rec,
 	})
 	if backend != nil {
-		r.applier.SetIPTablesBackend(*backend)
+		r.nat.setIPTablesBackend(*backend)
 	}
 	mux.HandleFunc("GET "+nodestatus.Path, func(w http.ResponseWriter, req *http.Request) {
 		c, cancel := context.WithTimeout(req.Context(), 5*time.Second)

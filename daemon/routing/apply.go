@@ -80,6 +80,18 @@ func (s Stats) Changed() int {
 // longer wants. It goes on past errors and returns them all, with the
 // counts of what it did.
 func (a *Applier) Apply(s State) (Stats, error) {
+	st, err := a.ApplyNetlink(s)
+	natSt, natErr := a.ApplyNAT(s.NAT)
+	st.SetMembers, st.NATRules = natSt.SetMembers, natSt.NATRules
+	return st, errors.Join(err, natErr)
+}
+
+// ApplyNetlink programs all of s but its NAT: forwarding, the tunnels,
+// the routes, and the removal of devices s no longer wants. All of it is
+// netlink and sysctl files, no program is spawned, so it is quick however
+// busy the node is; tabbyd's routing loop uses it, and leaves NAT
+// outgoing (iptables and ipset) to a worker of its own, through ApplyNAT.
+func (a *Applier) ApplyNetlink(s State) (Stats, error) {
 	var st Stats
 	var errs []error
 	errs = append(errs, a.forwarding(s, &st))
@@ -90,7 +102,6 @@ func (a *Applier) Apply(s State) (Stats, error) {
 		errs = append(errs, a.applyIPIP(s.IPIP, &st))
 	}
 	errs = append(errs, a.applyRoutes(s.Routes, &st))
-	errs = append(errs, a.applyNAT(s.NAT, &st))
 	if s.VXLAN == nil {
 		errs = append(errs, a.deleteVXLAN(&st))
 	}
@@ -98,6 +109,14 @@ func (a *Applier) Apply(s State) (Stats, error) {
 		errs = append(errs, a.removeIPIPAddress(&st))
 	}
 	return st, errors.Join(errs...)
+}
+
+// ApplyNAT programs NAT outgoing alone: the ipsets of the pools, the
+// chain and its jump, for both families (n empty removes them).
+func (a *Applier) ApplyNAT(n NAT) (Stats, error) {
+	var st Stats
+	err := a.applyNAT(n, &st)
+	return st, err
 }
 
 // ApplyRoutes programs only s's routes: the part of a State that changes
