@@ -25,10 +25,13 @@ type LearnedRoute struct {
 func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	at := s.changed.Load()
 	r, err := s.scanRIB(ctx)
 	if err != nil {
+		s.lastRead = nil
 		return nil, err
 	}
+	s.lastRead, s.lastReadAt = &r, at
 	for _, h := range s.held {
 		for _, lr := range h.routes {
 			if _, ok := r.best[lr.Prefix]; !ok {

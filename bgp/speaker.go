@@ -109,6 +109,11 @@ type Speaker struct {
 	// changed counts the times the speaker replaced its policies or
 	// changed its sessions (see Changed).
 	changed atomic.Uint64
+	// lastRead is the table the last Learned read, while no
+	// PeerStatesAfterLearned has used it; lastReadAt the changed count
+	// when it was read.
+	lastRead   *rib
+	lastReadAt uint64
 
 	kick    chan struct{}
 	changes chan struct{}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -209,7 +210,9 @@ func TestLoopbackLyingNode(t *testing.T) {
 	liarFilters(t, liar)
 	liarPeer := loopPeer(2, 3)
 	liarPeer.Node = "c"
-	mustNil(t, victim.SetPeers(ctx, []Peer{loopPeer(2, 1), liarPeer}))
+	aPeer := loopPeer(2, 1)
+	aPeer.Node = "a"
+	mustNil(t, victim.SetPeers(ctx, []Peer{aPeer, liarPeer}))
 	mustNil(t, a.SetPeers(ctx, []Peer{loopPeer(1, 2)}))
 	toVictim := loopPeer(3, 2)
 	toVictim.Kind, toVictim.BGPPeer = KindBGPPeer, "victim"
@@ -243,6 +246,42 @@ func TestLoopbackLyingNode(t *testing.T) {
 	if fmt.Sprint(st[1].RejectedPrefixes) != "[0.0.0.0/0 10.96.0.0/12 10.244.0.0/16 10.244.1.0/26 10.244.1.7/32 10.244.2.0/26 192.168.0.1/32]" {
 		t.Errorf("rejected prefixes: %v", st[1].RejectedPrefixes)
 	}
+
+	// The states a routing pass reads after Learned, from the table
+	// Learned read, are the same.
+	_, err = victim.Learned(ctx)
+	mustNil(t, err)
+	after, err := victim.PeerStatesAfterLearned(ctx)
+	mustNil(t, err)
+	if got, want := statesString(after), statesString(st); got != want {
+		t.Errorf("PeerStatesAfterLearned:\n%s\nPeerStates:\n%s", got, want)
+	}
+	// A filter change after Learned read the table: the states read it
+	// again. a's block is no longer a's, so its route is rejected now,
+	// which the table Learned read (where it was kept) cannot show.
+	_, err = victim.Learned(ctx)
+	mustNil(t, err)
+	f2, _ := NewFilters(FilterInputs{Pools: []v1.IPPool{sizedPool("10.244.0.0/16", 26)},
+		Nodes:  []Node{{Name: "a", IPv4: netip.MustParsePrefix("192.168.0.1/24")}, {Name: "c", IPv4: netip.MustParsePrefix("192.168.0.9/24")}},
+		Blocks: []v1.IPAMBlock{block("10.244.3.0/26", "host:c", nil)},
+		Config: v1.BGPConfigurationSpec{ServiceClusterIPs: []v1.ServiceIPBlock{{CIDR: "10.96.0.0/12"}}}})
+	mustNil(t, victim.SetFilters(ctx, f2))
+	// (GoBGP re-evaluates what a session sent within SetFilters' soft
+	// reset, so a new read of the table shows the rejection at once.)
+	st, err = victim.PeerStatesAfterLearned(ctx)
+	mustNil(t, err)
+	if st[0].Rejected != 1 || st[0].Accepted != 0 {
+		t.Errorf("after a filter change, PeerStatesAfterLearned counted in the table read before it:\n%s", statesString(st))
+	}
+}
+
+// statesString prints what PeerStates says of the sessions' routes.
+func statesString(st []PeerState) string {
+	var b strings.Builder
+	for _, s := range st {
+		fmt.Fprintf(&b, "%s %s received %d accepted %d rejected %d %v prefixes %v\n", s.Address, s.State, s.Received, s.Accepted, s.Rejected, s.RejectedPrefixes, s.Prefixes)
+	}
+	return b.String()
 }
 
 // TestLoopbackPrefixLimit: a peer that sends more than MaxPrefixes has its

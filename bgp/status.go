@@ -19,9 +19,39 @@ const syncGrace = 10 * time.Second
 func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r, err := s.scanRIB(ctx)
-	if err != nil {
-		return nil, err
+	return s.peerStatesOf(ctx, nil)
+}
+
+// PeerStatesAfterLearned is PeerStates for a caller that has just called
+// Learned: the sessions' routes are counted in the table Learned read,
+// rather than in a new read of GoBGP's whole table, when the speaker has
+// changed no filter and no session since. It is used once: another call
+// reads the table again. (A routing pass reads both; each read of the
+// table waits on GoBGP's one loop, which on a reflector is also the one
+// passing routes on. What changed in the table since Learned read it
+// brings another pass anyway.)
+func (s *Speaker) PeerStatesAfterLearned(ctx context.Context) ([]PeerState, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.lastRead
+	if r != nil && s.lastReadAt != s.changed.Load() {
+		r = nil
+	}
+	return s.peerStatesOf(ctx, r)
+}
+
+// peerStatesOf is PeerStates over the table r (nil: read it now). Called
+// with s.mu held.
+func (s *Speaker) peerStatesOf(ctx context.Context, read *rib) ([]PeerState, error) {
+	s.lastRead = nil
+	var r rib
+	if read != nil {
+		r = *read
+	} else {
+		var err error
+		if r, err = s.scanRIB(ctx); err != nil {
+			return nil, err
+		}
 	}
 	states, err := s.peerStates(ctx, r)
 	if err != nil {

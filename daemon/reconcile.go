@@ -325,7 +325,7 @@ func (r *router) reconcileOnce(ctx context.Context) outcome {
 	r.programKernel(ctx, p, r.speaker.Changed() != changed)
 	t4 := time.Now()
 	if !holding {
-		r.readStates(ctx, p)
+		r.readStates(ctx, p, true)
 	}
 	t5 := time.Now()
 	r.report(p)
@@ -518,7 +518,7 @@ func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 	// dropped, and a route would leave the kernel until the next pass.
 	holding := r.holding
 	if holding {
-		r.readStates(ctx, p)
+		r.readStates(ctx, p, false)
 	}
 	// The state earlyRoutes worked out from them stands unless they are
 	// read again.
@@ -597,10 +597,16 @@ func (r *router) traceLearned(p *pass) {
 	r.lastLearned = now
 }
 
-// readStates reads the BGP sessions' states into p.
-func (r *router) readStates(ctx context.Context, p *pass) {
+// readStates reads the BGP sessions' states into p; afterLearned, from
+// the table the pass read its routes from when the speaker changed
+// nothing since (see bgp.Speaker.PeerStatesAfterLearned).
+func (r *router) readStates(ctx context.Context, p *pass, afterLearned bool) {
 	var err error
-	if p.states, err = r.speaker.PeerStates(ctx); err != nil {
+	read := r.speaker.PeerStates
+	if afterLearned {
+		read = r.speaker.PeerStatesAfterLearned
+	}
+	if p.states, err = read(ctx); err != nil {
 		p.out.problem(true, "reading the BGP sessions: %v", err)
 	}
 }
