@@ -625,15 +625,16 @@ func (r *router) ownBlocks(snap *snapshot) []netip.Prefix {
 	return own
 }
 
-// apply programs state into the kernel, unless the last Apply programmed
-// the same a moment ago. Without heal, it programs state only when that
+// apply programs state into the kernel (all but its NAT, which is the NAT
+// worker's: see natWorker), unless the last Apply programmed the same a
+// moment ago. Without heal, it programs state only when that
 // differs from the last Apply's in its routes alone, however long ago
 // that was, and otherwise nothing: the pass's full Apply comes later.
 func (r *router) apply(state routing.State, heal bool) (routing.Stats, error) {
 	recent := r.applied != nil && (!heal || time.Since(r.appliedAt) < r.cfg.Resync/2)
 	if recent && reflect.DeepEqual(*r.applied, state) {
 		// What the last Apply programmed, successfully, a moment ago:
-		// reading the kernel again (routes, links, iptables) would find
+		// reading the kernel again (routes, links, sysctls) would find
 		// nothing to do. The periodic resync applies anyway, to heal
 		// changes made behind tabby's back.
 		return routing.Stats{Conflicts: r.appliedConflicts}, nil
