@@ -559,14 +559,21 @@ func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 	// NAT outgoing is the worker's: it retries on its own, and its
 	// result changing brings a pass here.
 	r.nat.set(p.state.NAT)
-	switch programmed, err := r.nat.state(); {
-	case err != nil:
-		out.problem(false, "programming NAT outgoing: %v", err)
-		r.metrics.lastReconcileOK.Set(0)
-		p.notReady = append(p.notReady, "programming NAT outgoing failed: "+err.Error())
+	programmed, natErr := r.nat.state()
+	switch {
+	case natErr != nil:
+		out.problem(false, "programming NAT outgoing: %v", natErr)
+		p.notReady = append(p.notReady, "programming NAT outgoing failed: "+natErr.Error())
 	case !programmed:
 		p.notReady = append(p.notReady, "NAT outgoing is not programmed yet")
 	}
+	// Both parts, also when apply found nothing to do (the NAT worker's
+	// recovery brings such a pass).
+	ok := 0.0
+	if applyErr == nil && natErr == nil {
+		ok = 1
+	}
+	r.metrics.lastReconcileOK.Set(ok)
 }
 
 // traceLearned logs, at debug level, how the routes BGP learned changed
