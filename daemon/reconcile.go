@@ -202,8 +202,13 @@ func (r *router) run(ctx context.Context) {
 		time.AfterFunc(r.cfg.StartupHold, r.markDirty) // the bound, should nothing else happen then
 		r.log.Info("restarting: the previous run's routes are kept until BGP has converged", "routes", len(kept), "atMost", r.cfg.StartupHold)
 	}
-	go r.nat.run(ctx)
+	natDone := make(chan struct{})
+	go func() {
+		defer close(natDone)
+		r.nat.run(ctx)
+	}()
 	_ = r.loop.Run(ctx)
+	<-natDone // a NAT pass under way ends before tabbyd does
 }
 
 func (r *router) setNotReady(why ...string) {
