@@ -122,19 +122,13 @@ func (m *routingMetrics) observeSessions(states []bgp.PeerState) {
 	}
 }
 
-// observeApply counts what an Apply changed.
+// observeApply counts what an apply (the routing pass's, or the NAT
+// worker's) changed, and its failure. The last-apply gauge is the routing
+// pass's to set, from both (programKernel).
 func (m *routingMetrics) observeApply(st routing.Stats, err error) {
-	m.observeChanges(st)
 	if err != nil {
 		m.applyErrors.Inc()
-		m.lastReconcileOK.Set(0)
-	} else {
-		m.lastReconcileOK.Set(1)
 	}
-}
-
-// observeChanges counts the kernel changes an apply made, by object.
-func (m *routingMetrics) observeChanges(st routing.Stats) {
 	for obj, c := range map[string]routing.Counts{
 		"route": st.Routes, "link": st.Links, "address": st.Addresses, "fdb": st.FDB, "neighbor": st.Neighbors,
 		"setmember": st.SetMembers, "natrule": st.NATRules, "sysctl": st.Sysctls,

@@ -30,10 +30,9 @@ type natWorker struct {
 
 	mu   sync.Mutex
 	want *routing.NAT
-	// done is the NAT last programmed without an error; err the last
-	// pass's error.
-	done *routing.NAT
-	err  error
+	// programmed: a pass has gone through; err is the last pass's error.
+	programmed bool
+	err        error
 }
 
 func newNATWorker(log *slog.Logger, metrics *routingMetrics, resync time.Duration, changed func()) *natWorker {
@@ -77,7 +76,7 @@ func (w *natWorker) set(n routing.NAT) bool {
 func (w *natWorker) state() (programmed bool, err error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.done != nil, w.err
+	return w.programmed, w.err
 }
 
 func (w *natWorker) pass(context.Context) error {
@@ -88,17 +87,12 @@ func (w *natWorker) pass(context.Context) error {
 		return nil // the routing loop has not worked it out yet
 	}
 	st, err := w.applier.ApplyNAT(*want)
-	w.metrics.observeChanges(st)
-	if err != nil {
-		w.metrics.applyErrors.Inc()
-	}
+	w.metrics.observeApply(st, err)
 	w.mu.Lock()
-	first := err == nil && w.done == nil
+	first := err == nil && !w.programmed
 	news := errText(err) != errText(w.err)
 	w.err = err
-	if err == nil {
-		w.done = want
-	}
+	w.programmed = w.programmed || err == nil
 	w.mu.Unlock()
 	if first || news {
 		w.changed()

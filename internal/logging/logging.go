@@ -119,12 +119,6 @@ func (h endedQuiet) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
-// Enabled admits error records whatever the level: Handle decides once it
-// sees the error.
-func (h endedQuiet) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= slog.LevelError || h.Handler.Enabled(ctx, l)
-}
-
 func (h endedQuiet) WithAttrs(as []slog.Attr) slog.Handler {
 	return endedQuiet{h.Handler.WithAttrs(as)}
 }

@@ -7,13 +7,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tabbynet/tabby/internal/logging"
-
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
+
+	"github.com/tabbynet/tabby/internal/logging"
 )
 
 // Leader election defaults, as kube-controller-manager's.
