@@ -16,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -249,6 +250,12 @@ func demoLabels(name string) map[string]string {
 // WebPod is a pod of agnhost serve-hostname: every TCP connection to port
 // and every UDP datagram is answered with its hostname (its name), as
 // Kubernetes' e2e tests use it; Ready once its TCP port answers.
+//
+// It requests a tenth of a CPU, as tabbyd does. A BestEffort pod's cgroup
+// has 2 CPU shares beside the hundreds of the node's Burstable pods, so
+// whenever they are busy it waits: while a node's tabbyd restarted on a
+// loaded machine, a BestEffort server left a probe's connection unanswered
+// for over a second, though every ping on the same path was answered.
 func WebPod(namespace, name string, port int32) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
@@ -261,6 +268,9 @@ func WebPod(namespace, name string, port int32) *corev1.Pod {
 					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(port)}},
 					PeriodSeconds: 1,
 				},
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU: resource.MustParse("100m"),
+				}},
 			}},
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
 		},
