@@ -165,7 +165,11 @@ func NodeProcess(n *Node, comm string) (Proc, error) {
 	case 1:
 		return found[0], nil
 	}
-	return Proc{}, fmt.Errorf("%d processes named %s run on %s: %v", len(found), comm, n.Name, pids(found))
+	descs := make([]string, len(found))
+	for i, p := range found {
+		descs[i] = describeProc(p.Pid)
+	}
+	return Proc{}, fmt.Errorf("%d processes named %s run on %s: %s", len(found), comm, n.Name, strings.Join(descs, "; "))
 }
 
 // Clientset is an admin clientset of the lab's API server (RESTConfig's).

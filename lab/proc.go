@@ -231,6 +231,30 @@ func forEachProc(f func(pid int)) {
 	}
 }
 
+// describeProc says who process pid is, to tell apart processes of one
+// name: its pid, parent, start (clock ticks since boot), cgroup and
+// arguments, as far as they can be read.
+func describeProc(pid int) string {
+	ps := "/proc/" + strconv.Itoa(pid)
+	desc := "pid " + strconv.Itoa(pid)
+	if data, err := os.ReadFile(ps + "/stat"); err == nil {
+		if i := bytes.LastIndexByte(data, ')'); i >= 0 {
+			if f := strings.Fields(string(data[i+1:])); len(f) >= 20 {
+				ppid, _ := strconv.Atoi(f[2])
+				desc += fmt.Sprintf(" (state %s, parent %d %s, start %s)", f[0], ppid, comm(ppid), f[19])
+			}
+		}
+	}
+	if data, err := os.ReadFile(ps + "/cgroup"); err == nil {
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		desc += " cgroup " + strings.TrimPrefix(lines[len(lines)-1], "0::")
+	}
+	if data, err := os.ReadFile(ps + "/cmdline"); err == nil {
+		desc += ": " + strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " "))
+	}
+	return desc
+}
+
 func comm(pid int) string {
 	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
 	return strings.TrimSpace(string(data))

@@ -428,15 +428,31 @@ func (l *Lab) PodNetNS(t testing.TB, ref string) string {
 }
 
 // TabbydProc is the tabbyd process of a node: tabby-node's container runs
-// it in the node's network namespace.
+// it in the node's network namespace. While more than one runs there (an
+// old container still ending), it waits up to 30 s for one to be left,
+// and says who the others were.
 func (l *Lab) TabbydProc(t testing.TB, node string) lab.Proc {
 	t.Helper()
 	n := l.Node(t, node)
-	p, err := lab.NodeProcess(n, "tabbyd")
-	if err != nil {
-		t.Fatal(err)
+	var first error
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		p, err := lab.NodeProcess(n, "tabbyd")
+		if err == nil {
+			if first != nil {
+				// Say who the other one was: it went away, but it
+				// is not what the lab runs.
+				t.Logf("%s: before one tabbyd was left: %v", node, first)
+			}
+			return p
+		}
+		if first == nil {
+			first = err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v (30s after: %v)", first, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	return p
 }
 
 // Kubectl runs the control plane's kubectl with the lab's admin kubeconfig
