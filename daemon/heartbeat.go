@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
@@ -172,7 +171,7 @@ var leaseScheme = runtime.NewScheme()
 func init() { utilruntime.Must(coordinationv1.AddToScheme(leaseScheme)) }
 
 // leaseClient reaches the Leases of one namespace.
-type leaseClient = gentype.ClientWithList[*coordinationv1.Lease, *coordinationv1.LeaseList]
+type leaseClient = datastore.Resource[*coordinationv1.Lease, *coordinationv1.LeaseList]
 
 // newLeaseClient is the Lease client of namespace on the API server of rc:
 // client-go's generic client over a scheme of Leases alone, as the
@@ -184,7 +183,7 @@ func newLeaseClient(rc *rest.Config, namespace string) (*leaseClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return gentype.NewClientWithList[*coordinationv1.Lease, *coordinationv1.LeaseList]("leases", r,
+	return datastore.NewResource[*coordinationv1.Lease, *coordinationv1.LeaseList]("leases", r,
 		runtime.NewParameterCodec(leaseScheme), namespace,
 		func() *coordinationv1.Lease { return &coordinationv1.Lease{} },
 		func() *coordinationv1.LeaseList { return &coordinationv1.LeaseList{} }), nil

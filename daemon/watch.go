@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/tools/cache"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
@@ -18,12 +17,12 @@ import (
 )
 
 // SecretClient reads the Secrets of one namespace (BGP passwords).
-type SecretClient = gentype.ClientWithList[*corev1.Secret, *corev1.SecretList]
+type SecretClient = datastore.Resource[*corev1.Secret, *corev1.SecretList]
 
 // secretClient is the Secret client of namespace, over the datastore's
 // core REST client.
 func secretClient(ds *datastore.Client, namespace string) *SecretClient {
-	return gentype.NewClientWithList[*corev1.Secret, *corev1.SecretList]("secrets", ds.CoreREST(), datastore.ParameterCodec, namespace,
+	return datastore.NewResource[*corev1.Secret, *corev1.SecretList]("secrets", ds.CoreREST(), datastore.ParameterCodec, namespace,
 		func() *corev1.Secret { return &corev1.Secret{} }, func() *corev1.SecretList { return &corev1.SecretList{} })
 }
 

@@ -5,7 +5,7 @@
 // It deliberately avoids k8s.io/client-go/kubernetes: the CNI plugin is a
 // short-lived process started for every pod, and registering every API group
 // of the full clientset would cost it milliseconds per call. The typed
-// clients here are client-go's generic ones (gentype) over a small scheme.
+// clients here are Resources (typed.go) over a small scheme.
 package datastore
 
 import (
@@ -25,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -52,17 +51,17 @@ func init() {
 
 // Typed client aliases for tabby's resources and the core objects tabby reads.
 type (
-	IPPoolClient            = gentype.ClientWithList[*tabbyv1.IPPool, *tabbyv1.IPPoolList]
-	IPAMBlockClient         = gentype.ClientWithList[*tabbyv1.IPAMBlock, *tabbyv1.IPAMBlockList]
-	BlockAffinityClient     = gentype.ClientWithList[*tabbyv1.BlockAffinity, *tabbyv1.BlockAffinityList]
-	IPAMHandleClient        = gentype.ClientWithList[*tabbyv1.IPAMHandle, *tabbyv1.IPAMHandleList]
-	IPAMConfigurationClient = gentype.ClientWithList[*tabbyv1.IPAMConfiguration, *tabbyv1.IPAMConfigurationList]
-	BGPConfigurationClient  = gentype.ClientWithList[*tabbyv1.BGPConfiguration, *tabbyv1.BGPConfigurationList]
-	BGPPeerClient           = gentype.ClientWithList[*tabbyv1.BGPPeer, *tabbyv1.BGPPeerList]
-	BGPFilterClient         = gentype.ClientWithList[*tabbyv1.BGPFilter, *tabbyv1.BGPFilterList]
-	PodClient               = gentype.ClientWithList[*corev1.Pod, *corev1.PodList]
-	NamespaceClient         = gentype.ClientWithList[*corev1.Namespace, *corev1.NamespaceList]
-	NodeClient              = gentype.ClientWithList[*corev1.Node, *corev1.NodeList]
+	IPPoolClient            = Resource[*tabbyv1.IPPool, *tabbyv1.IPPoolList]
+	IPAMBlockClient         = Resource[*tabbyv1.IPAMBlock, *tabbyv1.IPAMBlockList]
+	BlockAffinityClient     = Resource[*tabbyv1.BlockAffinity, *tabbyv1.BlockAffinityList]
+	IPAMHandleClient        = Resource[*tabbyv1.IPAMHandle, *tabbyv1.IPAMHandleList]
+	IPAMConfigurationClient = Resource[*tabbyv1.IPAMConfiguration, *tabbyv1.IPAMConfigurationList]
+	BGPConfigurationClient  = Resource[*tabbyv1.BGPConfiguration, *tabbyv1.BGPConfigurationList]
+	BGPPeerClient           = Resource[*tabbyv1.BGPPeer, *tabbyv1.BGPPeerList]
+	BGPFilterClient         = Resource[*tabbyv1.BGPFilter, *tabbyv1.BGPFilterList]
+	PodClient               = Resource[*corev1.Pod, *corev1.PodList]
+	NamespaceClient         = Resource[*corev1.Namespace, *corev1.NamespaceList]
+	NodeClient              = Resource[*corev1.Node, *corev1.NodeList]
 )
 
 // Client reaches tabby's resources and the core objects through one API server.
@@ -85,7 +84,7 @@ type Client struct {
 
 // Pods returns the Pod client of one namespace.
 func (c *Client) Pods(namespace string) *PodClient {
-	return gentype.NewClientWithList[*corev1.Pod, *corev1.PodList]("pods", c.core, ParameterCodec, namespace,
+	return NewResource[*corev1.Pod, *corev1.PodList]("pods", c.core, ParameterCodec, namespace,
 		func() *corev1.Pod { return &corev1.Pod{} }, func() *corev1.PodList { return &corev1.PodList{} })
 }
 
@@ -183,25 +182,25 @@ func GroupREST(cfg *rest.Config, gv schema.GroupVersion, s *runtime.Scheme) (res
 func newClient(tabbyREST, coreREST rest.Interface, host string) *Client {
 	pc := ParameterCodec
 	return &Client{
-		IPPools: gentype.NewClientWithList[*tabbyv1.IPPool, *tabbyv1.IPPoolList]("ippools", tabbyREST, pc, "",
+		IPPools: NewResource[*tabbyv1.IPPool, *tabbyv1.IPPoolList]("ippools", tabbyREST, pc, "",
 			func() *tabbyv1.IPPool { return &tabbyv1.IPPool{} }, func() *tabbyv1.IPPoolList { return &tabbyv1.IPPoolList{} }),
-		IPAMBlocks: gentype.NewClientWithList[*tabbyv1.IPAMBlock, *tabbyv1.IPAMBlockList]("ipamblocks", tabbyREST, pc, "",
+		IPAMBlocks: NewResource[*tabbyv1.IPAMBlock, *tabbyv1.IPAMBlockList]("ipamblocks", tabbyREST, pc, "",
 			func() *tabbyv1.IPAMBlock { return &tabbyv1.IPAMBlock{} }, func() *tabbyv1.IPAMBlockList { return &tabbyv1.IPAMBlockList{} }),
-		BlockAffinities: gentype.NewClientWithList[*tabbyv1.BlockAffinity, *tabbyv1.BlockAffinityList]("blockaffinities", tabbyREST, pc, "",
+		BlockAffinities: NewResource[*tabbyv1.BlockAffinity, *tabbyv1.BlockAffinityList]("blockaffinities", tabbyREST, pc, "",
 			func() *tabbyv1.BlockAffinity { return &tabbyv1.BlockAffinity{} }, func() *tabbyv1.BlockAffinityList { return &tabbyv1.BlockAffinityList{} }),
-		IPAMHandles: gentype.NewClientWithList[*tabbyv1.IPAMHandle, *tabbyv1.IPAMHandleList]("ipamhandles", tabbyREST, pc, "",
+		IPAMHandles: NewResource[*tabbyv1.IPAMHandle, *tabbyv1.IPAMHandleList]("ipamhandles", tabbyREST, pc, "",
 			func() *tabbyv1.IPAMHandle { return &tabbyv1.IPAMHandle{} }, func() *tabbyv1.IPAMHandleList { return &tabbyv1.IPAMHandleList{} }),
-		IPAMConfigurations: gentype.NewClientWithList[*tabbyv1.IPAMConfiguration, *tabbyv1.IPAMConfigurationList]("ipamconfigurations", tabbyREST, pc, "",
+		IPAMConfigurations: NewResource[*tabbyv1.IPAMConfiguration, *tabbyv1.IPAMConfigurationList]("ipamconfigurations", tabbyREST, pc, "",
 			func() *tabbyv1.IPAMConfiguration { return &tabbyv1.IPAMConfiguration{} }, func() *tabbyv1.IPAMConfigurationList { return &tabbyv1.IPAMConfigurationList{} }),
-		BGPConfigurations: gentype.NewClientWithList[*tabbyv1.BGPConfiguration, *tabbyv1.BGPConfigurationList]("bgpconfigurations", tabbyREST, pc, "",
+		BGPConfigurations: NewResource[*tabbyv1.BGPConfiguration, *tabbyv1.BGPConfigurationList]("bgpconfigurations", tabbyREST, pc, "",
 			func() *tabbyv1.BGPConfiguration { return &tabbyv1.BGPConfiguration{} }, func() *tabbyv1.BGPConfigurationList { return &tabbyv1.BGPConfigurationList{} }),
-		BGPPeers: gentype.NewClientWithList[*tabbyv1.BGPPeer, *tabbyv1.BGPPeerList]("bgppeers", tabbyREST, pc, "",
+		BGPPeers: NewResource[*tabbyv1.BGPPeer, *tabbyv1.BGPPeerList]("bgppeers", tabbyREST, pc, "",
 			func() *tabbyv1.BGPPeer { return &tabbyv1.BGPPeer{} }, func() *tabbyv1.BGPPeerList { return &tabbyv1.BGPPeerList{} }),
-		BGPFilters: gentype.NewClientWithList[*tabbyv1.BGPFilter, *tabbyv1.BGPFilterList]("bgpfilters", tabbyREST, pc, "",
+		BGPFilters: NewResource[*tabbyv1.BGPFilter, *tabbyv1.BGPFilterList]("bgpfilters", tabbyREST, pc, "",
 			func() *tabbyv1.BGPFilter { return &tabbyv1.BGPFilter{} }, func() *tabbyv1.BGPFilterList { return &tabbyv1.BGPFilterList{} }),
-		Namespaces: gentype.NewClientWithList[*corev1.Namespace, *corev1.NamespaceList]("namespaces", coreREST, pc, "",
+		Namespaces: NewResource[*corev1.Namespace, *corev1.NamespaceList]("namespaces", coreREST, pc, "",
 			func() *corev1.Namespace { return &corev1.Namespace{} }, func() *corev1.NamespaceList { return &corev1.NamespaceList{} }),
-		Nodes: gentype.NewClientWithList[*corev1.Node, *corev1.NodeList]("nodes", coreREST, pc, "",
+		Nodes: NewResource[*corev1.Node, *corev1.NodeList]("nodes", coreREST, pc, "",
 			func() *corev1.Node { return &corev1.Node{} }, func() *corev1.NodeList { return &corev1.NodeList{} }),
 		tabby: tabbyREST,
 		core:  coreREST,

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
@@ -39,7 +38,7 @@ func init() {
 
 // PolicyClient reaches the NetworkPolicies of one namespace, or lists and
 // watches those of every namespace.
-type PolicyClient = gentype.ClientWithList[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]
+type PolicyClient = datastore.Resource[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]
 
 // NewPolicyClient is a client of the NetworkPolicies (networking.k8s.io/v1)
 // of namespace (metav1.NamespaceAll: of every namespace) on the API server
@@ -53,7 +52,7 @@ func NewPolicyClient(rc *rest.Config, namespace string) (*PolicyClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return gentype.NewClientWithList[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]("networkpolicies", rcl,
+	return datastore.NewResource[*networkingv1.NetworkPolicy, *networkingv1.NetworkPolicyList]("networkpolicies", rcl,
 		runtime.NewParameterCodec(Scheme), namespace,
 		func() *networkingv1.NetworkPolicy { return &networkingv1.NetworkPolicy{} },
 		func() *networkingv1.NetworkPolicyList { return &networkingv1.NetworkPolicyList{} }), nil
@@ -65,8 +64,8 @@ type EventSink struct{ DS *datastore.Client }
 
 var _ record.EventSink = EventSink{}
 
-func (s EventSink) events(namespace string) *gentype.ClientWithList[*corev1.Event, *corev1.EventList] {
-	return gentype.NewClientWithList[*corev1.Event, *corev1.EventList]("events", s.DS.CoreREST(), datastore.ParameterCodec, namespace,
+func (s EventSink) events(namespace string) *datastore.Resource[*corev1.Event, *corev1.EventList] {
+	return datastore.NewResource[*corev1.Event, *corev1.EventList]("events", s.DS.CoreREST(), datastore.ParameterCodec, namespace,
 		func() *corev1.Event { return &corev1.Event{} }, func() *corev1.EventList { return &corev1.EventList{} })
 }
 

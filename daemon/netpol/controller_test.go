@@ -29,7 +29,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/tools/record"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
@@ -90,7 +89,7 @@ func newWorld(t *testing.T) *world {
 	t.Cleanup(func() { _ = ds.Namespaces.Delete(context.Background(), w.ns, metav1.DeleteOptions{}) })
 	// No controller-manager makes the namespace's default ServiceAccount,
 	// which pods need.
-	sa := gentype.NewClientWithList[*corev1.ServiceAccount, *corev1.ServiceAccountList]("serviceaccounts", ds.CoreREST(), datastore.ParameterCodec, w.ns,
+	sa := datastore.NewResource[*corev1.ServiceAccount, *corev1.ServiceAccountList]("serviceaccounts", ds.CoreREST(), datastore.ParameterCodec, w.ns,
 		func() *corev1.ServiceAccount { return &corev1.ServiceAccount{} }, func() *corev1.ServiceAccountList { return &corev1.ServiceAccountList{} })
 	if _, err := sa.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -25,8 +25,8 @@ const (
 
 // LeaseClient reaches the Leases (coordination.k8s.io/v1) of the
 // election's namespace: client-go's typed LeaseInterface satisfies it, and
-// so does its generic client (gentype), which tabbyd uses to stay clear of
-// the typed clientset's scheme of every API group.
+// so does datastore.Resource, which tabbyd uses to stay clear of the
+// typed clientset's scheme of every API group.
 type LeaseClient interface {
 	Get(ctx context.Context, name string, opts metav1.GetOptions) (*coordinationv1.Lease, error)
 	Create(ctx context.Context, lease *coordinationv1.Lease, opts metav1.CreateOptions) (*coordinationv1.Lease, error)

@@ -46,7 +46,6 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/daemon/netpol"
@@ -354,7 +353,7 @@ func loadNPWorld(b *testing.B, w *npWorld) {
 			b.Fatal(err)
 		}
 		// No controller-manager makes the default ServiceAccount pods need.
-		sa := gentype.NewClientWithList[*corev1.ServiceAccount, *corev1.ServiceAccountList]("serviceaccounts", ds.CoreREST(), datastore.ParameterCodec, n.Name,
+		sa := datastore.NewResource[*corev1.ServiceAccount, *corev1.ServiceAccountList]("serviceaccounts", ds.CoreREST(), datastore.ParameterCodec, n.Name,
 			func() *corev1.ServiceAccount { return &corev1.ServiceAccount{} }, func() *corev1.ServiceAccountList { return &corev1.ServiceAccountList{} })
 		if _, err := sa.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
