@@ -174,7 +174,7 @@ func init() { utilruntime.Must(coordinationv1.AddToScheme(leaseScheme)) }
 type leaseClient = datastore.Resource[*coordinationv1.Lease, *coordinationv1.LeaseList]
 
 // newLeaseClient is the Lease client of namespace on the API server of rc:
-// client-go's generic client over a scheme of Leases alone, as the
+// a datastore.Resource over a scheme of Leases alone, as the
 // datastore's clients are, not client-go's typed clientset (whose scheme
 // registers every API group of Kubernetes, a large part of tabbyd's
 // resident memory).
