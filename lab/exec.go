@@ -145,6 +145,11 @@ func Exec(ctx context.Context, s *State, ref string, argv []string) error {
 // errNoSuchPod is returned by PodNetNS for a pod the lab does not run.
 var errNoSuchPod = errors.New("no such pod")
 
+// ErrSeveralProcesses is NodeProcess's error when more than one process
+// of the name runs on the node (a container's old process still ending
+// beside its new one, or a stray).
+var ErrSeveralProcesses = errors.New("more than one process of the name")
+
 // NodeProcess finds the process named comm (its /proc/PID/comm) running in
 // node n's network namespace: a hostNetwork container's program, such as
 // the tabbyd of the node's tabby-node pod.
@@ -169,7 +174,7 @@ func NodeProcess(n *Node, comm string) (Proc, error) {
 	for i, p := range found {
 		descs[i] = describeProc(p.Pid)
 	}
-	return Proc{}, fmt.Errorf("%d processes named %s run on %s: %s", len(found), comm, n.Name, strings.Join(descs, "; "))
+	return Proc{}, fmt.Errorf("%w: %d processes named %s run on %s: %s", ErrSeveralProcesses, len(found), comm, n.Name, strings.Join(descs, "; "))
 }
 
 // Clientset is an admin clientset of the lab's API server (RESTConfig's).

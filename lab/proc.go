@@ -25,20 +25,30 @@ type Proc struct {
 	Log   string `json:"log,omitempty"`
 }
 
-// procStat reads a process's state letter and start time.
-func procStat(pid int) (state byte, start uint64, err error) {
+// statFields reads /proc/PID/stat from field 3 (the state) on: f[0] is
+// the state, f[1] the parent's pid, f[19] the start time.
+func statFields(pid int) ([]string, error) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	// The command name (field 2) is in parentheses and may hold anything.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+		return nil, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
 	f := strings.Fields(string(data[i+1:]))
 	if len(f) < 20 {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+		return nil, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	return f, nil
+}
+
+// procStat reads a process's state letter and start time.
+func procStat(pid int) (state byte, start uint64, err error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, 0, err
 	}
 	start, err = strconv.ParseUint(f[19], 10, 64)
 	return f[0][0], start, err
@@ -237,13 +247,9 @@ func forEachProc(f func(pid int)) {
 func describeProc(pid int) string {
 	ps := "/proc/" + strconv.Itoa(pid)
 	desc := "pid " + strconv.Itoa(pid)
-	if data, err := os.ReadFile(ps + "/stat"); err == nil {
-		if i := bytes.LastIndexByte(data, ')'); i >= 0 {
-			if f := strings.Fields(string(data[i+1:])); len(f) >= 20 {
-				ppid, _ := strconv.Atoi(f[2])
-				desc += fmt.Sprintf(" (state %s, parent %d %s, start %s)", f[0], ppid, comm(ppid), f[19])
-			}
-		}
+	if f, err := statFields(pid); err == nil {
+		ppid, _ := strconv.Atoi(f[1])
+		desc += fmt.Sprintf(" (state %s, parent %d %s, start %s)", f[0], ppid, comm(ppid), f[19])
 	}
 	if data, err := os.ReadFile(ps + "/cgroup"); err == nil {
 		lines := strings.Split(strings.TrimSpace(string(data)), "\n")

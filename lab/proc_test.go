@@ -1,9 +1,11 @@
 package lab
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +23,26 @@ func TestProcIdentity(t *testing.T) {
 	}
 	if (Proc{}).Alive() {
 		t.Error("pid 0 counts as alive")
+	}
+}
+
+// TestDescribeProc: the description names the process's real parent,
+// its start and its arguments.
+func TestDescribeProc(t *testing.T) {
+	self, err := procOf("self", os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := describeProc(os.Getpid())
+	for _, want := range []string{
+		fmt.Sprintf("pid %d (state ", os.Getpid()),
+		fmt.Sprintf(", parent %d %s, start %d)", os.Getppid(), comm(os.Getppid()), self.Start),
+		" cgroup /",
+		": " + os.Args[0],
+	} {
+		if !strings.Contains(d, want) {
+			t.Errorf("describeProc(self) = %q, lacks %q", d, want)
+		}
 	}
 }
 

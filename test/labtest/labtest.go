@@ -430,7 +430,7 @@ func (l *Lab) PodNetNS(t testing.TB, ref string) string {
 // TabbydProc is the tabbyd process of a node: tabby-node's container runs
 // it in the node's network namespace. While more than one runs there (an
 // old container still ending), it waits up to 30 s for one to be left,
-// and says who the others were.
+// and says who the others were; none is a failure at once.
 func (l *Lab) TabbydProc(t testing.TB, node string) lab.Proc {
 	t.Helper()
 	n := l.Node(t, node)
@@ -444,6 +444,9 @@ func (l *Lab) TabbydProc(t testing.TB, node string) lab.Proc {
 				t.Logf("%s: before one tabbyd was left: %v", node, first)
 			}
 			return p
+		}
+		if !errors.Is(err, lab.ErrSeveralProcesses) {
+			t.Fatal(err)
 		}
 		if first == nil {
 			first = err
