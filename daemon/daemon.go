@@ -44,6 +44,7 @@ import (
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/iptbackend"
+	"github.com/tabbynet/tabby/internal/profiling"
 	"github.com/tabbynet/tabby/ipam/gc"
 	"github.com/tabbynet/tabby/policy"
 )
@@ -150,7 +151,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	ready := &readiness{}
 	mux := healthMux(ready, reg)
 	if cfg.Profiling {
-		serveProfiles(mux)
+		profiling.Register(mux)
 	}
 	ln, mln, err := listenAll(cfg)
 	if err != nil {

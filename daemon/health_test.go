@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tabbynet/tabby/internal/profiling"
 )
 
 func TestClassifyAPIRequest(t *testing.T) {
@@ -79,7 +81,7 @@ func TestProfiling(t *testing.T) {
 	for _, on := range []bool{false, true} {
 		mux := healthMux(&readiness{}, prometheus.NewRegistry())
 		if on {
-			serveProfiles(mux)
+			profiling.Register(mux)
 		}
 		srv := httptest.NewServer(mux)
 		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/goroutine?debug=1"} {

@@ -22,6 +22,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tabbynet/tabby/internal/profiling"
 )
 
 // Config is what the extender is started with.
@@ -51,7 +53,10 @@ type Config struct {
 	Placements Placements
 	// Bind, when set, serves POST /bind (kube-scheduler's bindVerb).
 	Bind BindFunc
-	Log  *slog.Logger
+	// Profiling also serves Go's profiles at /debug/pprof/ (behind the
+	// client certificate check, like every route but /healthz).
+	Profiling bool
+	Log       *slog.Logger
 }
 
 // Registry takes the extender's metrics and serves them.
@@ -83,6 +88,9 @@ func NewMux(cfg Config, reg Registry) *http.ServeMux {
 		h.placementMetrics = newPlacementMetrics(reg)
 	}
 	h.Register(mux)
+	if cfg.Profiling {
+		profiling.Register(mux)
+	}
 	return mux
 }
 

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -260,5 +261,22 @@ func TestClientCAErrors(t *testing.T) {
 	_ = os.WriteFile(notPEM, []byte("not a certificate"), 0o600)
 	if err := Run(ctx, Config{Scheduler: testScheduler(), Listen: "127.0.0.1:0", TLSCertFile: certFile, TLSKeyFile: keyFile, ClientCAFile: notPEM}); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
 		t.Errorf("a client CA file without a certificate: %v", err)
+	}
+}
+
+// --profiling serves Go's profiles on the extender's own mux; without it
+// there are none.
+func TestProfiling(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		mux := NewMux(Config{Scheduler: testScheduler(), Profiling: on}, prometheus.NewRegistry())
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/goroutine?debug=1"} {
+			w := do(mux, http.MethodGet, path, "", nil)
+			if want := map[bool]int{false: 404, true: 200}[on]; w.Code != want {
+				t.Errorf("profiling %v: GET %s: %d, want %d", on, path, w.Code, want)
+			}
+			if on && !strings.Contains(w.Body.String(), "goroutine") && !strings.Contains(w.Body.String(), "heap") {
+				t.Errorf("GET %s answered no profile: %.200s", path, w.Body.String())
+			}
+		}
 	}
 }

@@ -111,6 +111,7 @@ func main() {
 	f.BoolVar(&checkTabbyd, "require-tabbyd", true, "filter out nodes whose tabbyd heartbeat Lease is missing or lapsed")
 	f.BoolVar(&ipv4, "ipv4", true, "pods get an IPv4 address (as the CNI config's ipam.assignIPv4)")
 	f.BoolVar(&ipv6, "ipv6", false, "pods get an IPv6 address (as the CNI config's ipam.assignIPv6)")
+	f.BoolVar(&cfg.Profiling, "profiling", false, "also serve Go's CPU, heap and goroutine profiles at /debug/pprof/ on --listen (go tool pprof http://127.0.0.1:8888/debug/pprof/profile)")
 	f.Float32Var(&qps, "kube-api-qps", 50, "API requests a second of the Kubernetes client that watches and creates Bindings (kube-scheduler's bindVerb: one a pod; kube-scheduler's own default)")
 	f.IntVar(&burst, "kube-api-burst", 100, "burst of --kube-api-qps")
 	logFlags = logging.AddFlags(f)
