@@ -156,7 +156,8 @@ func (w *Writer) Event(object runtime.Object, eventtype, reason, message string)
 }
 
 // Stop stops taking Events, writes those queued (trying each once, for
-// datastore.Timeout in all), and returns when the writer has ended.
+// datastore.Timeout in all; past that the rest are dropped), and returns
+// when the writer has ended.
 func (w *Writer) Stop() {
 	w.stopOnce.Do(func() { close(w.stop) })
 	<-w.done
@@ -175,6 +176,10 @@ func (w *Writer) run() {
 			for {
 				select {
 				case e := <-w.queue:
+					if dctx.Err() != nil {
+						w.log.Error("Events not written: the writer stopped", "events", len(w.queue)+1)
+						return
+					}
 					w.record(dctx, e, 1)
 				default:
 					return
