@@ -56,7 +56,7 @@ func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 	if err != nil {
 		return nil, err
 	}
-	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName)
+	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName, log)
 	c, err := netpol.New(netpol.Config{
 		Node:     cfg.NodeName,
 		DS:       ds,

@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/record"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/bgp"
@@ -25,6 +24,7 @@ import (
 	"github.com/tabbynet/tabby/daemon/nodestatus"
 	"github.com/tabbynet/tabby/daemon/routing"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/events"
 	"github.com/tabbynet/tabby/internal/loop"
 	"github.com/tabbynet/tabby/ipam"
 )
@@ -62,7 +62,7 @@ type routerConfig struct {
 	Metrics *routingMetrics
 	// Recorder, when set, records Events on the node (a family its pods
 	// use and it has no address of).
-	Recorder record.EventRecorder
+	Recorder events.Recorder
 }
 
 // router is tabbyd's routing loop: it registers the node's routing

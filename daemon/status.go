@@ -15,7 +15,7 @@ import (
 // startRouting starts the routing loop of cfg's node (until ctx ends) and
 // serves its status as JSON on GET /status of mux. /readyz asks its Ready.
 func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) *router {
-	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName)
+	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName, cfg.Log.With("loop", "routing"))
 	r := newRouter(routerConfig{
 		Node:        cfg.NodeName,
 		NodeIPs:     cfg.NodeIPs,

@@ -3,6 +3,7 @@ package netpol
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -12,14 +13,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/record"
 
 	cnpv1 "github.com/tabbynet/tabby/api/cnp/v1beta1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/events"
 )
 
 // Scheme knows the objects the controller reads and refers to in Events:
@@ -58,41 +58,11 @@ func NewPolicyClient(rc *rest.Config, namespace string) (*PolicyClient, error) {
 		func() *networkingv1.NetworkPolicyList { return &networkingv1.NetworkPolicyList{} }), nil
 }
 
-// EventSink writes Events through the datastore's core client
-// (record.EventSink), without client-go's full clientset.
-type EventSink struct{ DS *datastore.Client }
-
-var _ record.EventSink = EventSink{}
-
-func (s EventSink) events(namespace string) *datastore.Resource[*corev1.Event, *corev1.EventList] {
-	return datastore.NewResource[*corev1.Event, *corev1.EventList]("events", s.DS.CoreREST(), datastore.ParameterCodec, namespace,
-		func() *corev1.Event { return &corev1.Event{} }, func() *corev1.EventList { return &corev1.EventList{} })
-}
-
-func (s EventSink) Create(e *corev1.Event) (*corev1.Event, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
-	defer cancel()
-	return s.events(e.Namespace).Create(ctx, e, metav1.CreateOptions{})
-}
-
-func (s EventSink) Update(e *corev1.Event) (*corev1.Event, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
-	defer cancel()
-	return s.events(e.Namespace).Update(ctx, e, metav1.UpdateOptions{})
-}
-
-func (s EventSink) Patch(old *corev1.Event, data []byte) (*corev1.Event, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
-	defer cancel()
-	return s.events(old.Namespace).Patch(ctx, old.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
-}
-
-// NewRecorder is an EventRecorder writing to the datastore as component
-// tabbyd on host node; stop ends its broadcaster.
-func NewRecorder(ds *datastore.Client, node string) (rec record.EventRecorder, stop func()) {
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(EventSink{DS: ds})
-	return b.NewRecorder(Scheme, corev1.EventSource{Component: "tabbyd", Host: node}), b.Shutdown
+// NewRecorder is an Event recorder writing to the datastore as component
+// tabbyd on host node; stop ends its writer.
+func NewRecorder(ds *datastore.Client, node string, log *slog.Logger) (rec *events.Writer, stop func()) {
+	w := events.New(events.Options{DS: ds, Scheme: Scheme, Source: corev1.EventSource{Component: "tabbyd", Host: node}, Log: log})
+	return w, w.Stop
 }
 
 // ClusterPolicyClient lists and watches the ClusterNetworkPolicies

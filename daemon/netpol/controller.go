@@ -41,10 +41,10 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/events"
 	"github.com/tabbynet/tabby/internal/loop"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/policy/apply"
@@ -129,7 +129,7 @@ type Config struct {
 	Denied    *Denied
 	// Recorder reports refused policies as Events (NewRecorder); nil:
 	// they are only logged.
-	Recorder record.EventRecorder
+	Recorder events.Recorder
 	// Resync, JumpCheck and MinSyncGap: see DefaultResync,
 	// DefaultJumpCheck and DefaultMinSyncGap (0 means the default).
 	Resync, JumpCheck, MinSyncGap time.Duration

@@ -29,12 +29,12 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/tools/record"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/contract/agentapi"
 	"github.com/tabbynet/tabby/daemon/cniagent"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/events"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/ipam"
@@ -193,7 +193,7 @@ func ingressDispatched(kernel, ip, veth string) bool {
 // countingRecorder passes Events on to the real recorder and counts them
 // by "reason object".
 type countingRecorder struct {
-	record.EventRecorder
+	events.Recorder
 	mu sync.Mutex
 	n  map[string]int
 }
@@ -204,7 +204,7 @@ func (r *countingRecorder) Event(o k8sruntime.Object, typ, reason, msg string) {
 		r.n[reason+" "+m.GetNamespace()+"/"+m.GetName()]++
 	}
 	r.mu.Unlock()
-	r.EventRecorder.Event(o, typ, reason, msg)
+	r.Recorder.Event(o, typ, reason, msg)
 }
 
 func (r *countingRecorder) count(k string) int {
@@ -238,9 +238,9 @@ func (w *world) start(t *testing.T, compile Compiler) *running {
 			t.Fatal(err)
 		}
 	}
-	realRec, stopEvents := NewRecorder(w.ds, w.node)
+	realRec, stopEvents := NewRecorder(w.ds, w.node, slog.New(slog.DiscardHandler))
 	t.Cleanup(stopEvents)
-	r := &running{reg: prometheus.NewRegistry(), rec: &countingRecorder{EventRecorder: realRec, n: map[string]int{}}}
+	r := &running{reg: prometheus.NewRegistry(), rec: &countingRecorder{Recorder: realRec, n: map[string]int{}}}
 	w.netns.Serve("the controller", func() (err error) {
 		opts := apply.Options{Logger: slog.New(slog.DiscardHandler)}
 		if w.resync > 0 {
@@ -518,8 +518,7 @@ func TestProblemsBecomeEvents(t *testing.T) {
 
 // eventList lists the Events of w's namespace about the policy "refused".
 func (w *world) eventList() ([]corev1.Event, error) {
-	sink := EventSink{DS: w.ds}
-	l, err := sink.events(w.ns).List(context.Background(), metav1.ListOptions{
+	l, err := events.Client(w.ds, w.ns).List(context.Background(), metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("involvedObject.name", "refused").String(),
 	})
 	if err != nil {

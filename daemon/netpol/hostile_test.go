@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/tabbynet/tabby/datastore/events"
 	"github.com/tabbynet/tabby/internal/testnet"
 	"github.com/tabbynet/tabby/policy"
 )
@@ -191,9 +192,8 @@ func TestTabbydHostilePolicy(t *testing.T) {
 	if code, body := e.readyz(t); code != http.StatusOK {
 		t.Errorf("/readyz with the policy over the limit: %d %s", code, body)
 	}
-	sink := EventSink{DS: e.ds}
 	eventually(t, "the Event on the hostile policy", func() bool {
-		l, err := sink.events(e.ns).List(context.Background(), metav1.ListOptions{
+		l, err := events.Client(e.ds, e.ns).List(context.Background(), metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("involvedObject.name", "hostile").String(),
 		})
 		if err != nil {
