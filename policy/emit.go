@@ -55,9 +55,11 @@ type signature struct {
 	name string // the chain
 	hash string // the hash in its name, which the set's name repeats
 	dir  direction
-	cnps []*ccnp // in the order they run
+	keys []string // of cnps then pols
+	cnps []*ccnp  // in the order they run
 	pols []*cpolicy
 	eps  []*endpoint // the local pods it selects, sorted
+	keep [2]bool     // by family: Input.Keep holds it
 }
 
 // setName is the name of the signature's dispatch set in one family.
@@ -116,7 +118,7 @@ func (c *compiler) signatures() []*signature {
 		name := PolicyChainPrefix + kind + h
 		s := sigs[name]
 		if s == nil {
-			s = &signature{name: name, hash: h, dir: dir, cnps: cnps, pols: pols}
+			s = &signature{name: name, hash: h, dir: dir, keys: keys, cnps: cnps, pols: pols}
 			sigs[name] = s
 		}
 		return s
@@ -132,12 +134,80 @@ func (c *compiler) signatures() []*signature {
 		}
 		c.rs.Programmed = append(c.rs.Programmed, ep.key)
 	}
+	c.keptSignatures(sigOf)
 	names := slices.Sorted(maps.Keys(sigs))
 	out := make([]*signature, len(names))
 	for i, n := range names {
 		out[i] = sigs[n]
 	}
 	return out
+}
+
+// keptSignatures adds Input.Keep's combinations to the signatures
+// (sigOf), marking the policies they run used, and leaves out those that
+// are not a combination of this input's policies a pod could have.
+func (c *compiler) keptSignatures(sigOf func(direction, []*ccnp, []*cpolicy) *signature) {
+	if len(c.in.Keep) == 0 {
+		return
+	}
+	cnpAt := make(map[string]int, len(c.cnps))
+	for i, p := range c.cnps {
+		cnpAt[p.key] = i
+	}
+	polAt := make(map[string]int, len(c.policies))
+	for i, p := range c.policies {
+		polAt[p.key] = i
+	}
+	for _, k := range c.in.Keep {
+		fam := slices.Index(families[:], k.Family)
+		dir, ok := map[string]direction{"ingress": dirIngress, "egress": dirEgress}[k.Direction]
+		if fam < 0 || !ok || len(k.Policies) == 0 {
+			continue
+		}
+		cnps, pols, ok := c.keptPolicies(k.Policies, dir, cnpAt, polAt)
+		if !ok {
+			continue
+		}
+		s := sigOf(dir, cnps, pols)
+		s.keep[fam] = true
+		for _, p := range s.cnps {
+			p.used[dir] = true
+		}
+		for _, p := range s.pols {
+			p.used[dir] = true
+		}
+	}
+}
+
+// keptPolicies resolves the keys of a kept combination: the
+// ClusterNetworkPolicies in the order they run, then the NetworkPolicies
+// in theirs, each once and each with rules (or isolation) in dir, and no
+// Baseline policy with NetworkPolicies (they never run together).
+func (c *compiler) keptPolicies(keys []string, dir direction, cnpAt, polAt map[string]int) (cnps []*ccnp, pols []*cpolicy, ok bool) {
+	lastCNP, lastPol := -1, -1
+	for _, key := range keys {
+		if i, found := cnpAt[key]; found {
+			p := c.cnps[i]
+			if len(pols) > 0 || i <= lastCNP || len(p.rulesOf(dir)) == 0 {
+				return nil, nil, false
+			}
+			cnps, lastCNP = append(cnps, p), i
+			continue
+		}
+		i, found := polAt[key]
+		if !found || i <= lastPol {
+			return nil, nil, false
+		}
+		p := c.policies[i]
+		if dir == dirIngress && !p.ingress || dir == dirEgress && !p.egress {
+			return nil, nil, false
+		}
+		pols, lastPol = append(pols, p), i
+	}
+	if len(pols) > 0 && slices.ContainsFunc(cnps, func(p *ccnp) bool { return !p.admin }) {
+		return nil, nil, false
+	}
+	return cnps, pols, true
 }
 
 // selected says whether any policy (NetworkPolicy or
@@ -260,11 +330,13 @@ func (c *compiler) dispatchRules(fam int, family, dev string, sigs []*signature)
 	for _, s := range sigs {
 		set := s.setName(fam)
 		m := c.ifaceMembers(fam, s.eps)
-		if len(m) == 0 {
+		if len(m) == 0 && !s.keep[fam] {
 			continue
 		}
 		c.addIfaceSet(set, fam, m)
 		present = append(present, s)
+		c.rs.Signatures = append(c.rs.Signatures, Signature{Chain: s.name, Family: family,
+			Direction: s.dir.String(), Policies: s.keys, Pods: len(m)})
 		if s.dir == dirEgress {
 			from = append(from, []string{"-m", "set", "--match-set", set, "src,src", "-g", s.name})
 		} else {

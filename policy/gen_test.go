@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"net/netip"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -319,9 +320,59 @@ func TestRandomWorldsAgainstReference(t *testing.T) {
 	if testing.Short() {
 		n = 50
 	}
+	kept := 0
 	for seed := 0; seed < n; seed++ {
 		g := &gen{c: &chooser{r: rand.New(rand.NewSource(int64(seed)))}, valid: true}
 		w := g.world()
+		if seed%2 == 1 {
+			kept += w.keepOthers(rand.New(rand.NewSource(int64(seed))))
+		}
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { compare(t, w) })
 	}
+	if kept == 0 {
+		t.Error("no world kept a combination no local pod has: the test of Input.Keep tests nothing")
+	}
+}
+
+// keepOthers sets w.keep to the Signatures of two other worlds' Rulesets,
+// with the same policies: every pod on another node, and the pods' labels
+// dealt out again. So the compile keeps combinations no local pod has, as
+// tabbyd's keeps those its pods had minutes ago. It returns how many of
+// them no local pod of w has: what the reference test then checks stays
+// without effect.
+func (w *world) keepOthers(r *rand.Rand) int {
+	moved, relabelled := make([]*tpod, len(w.pods)), make([]*tpod, len(w.pods))
+	for i, p := range w.pods {
+		m := *p
+		m.node = w.nodes[(slices.Index(w.nodes, p.node)+1)%len(w.nodes)]
+		moved[i] = &m
+		l := *p
+		l.labels = w.pods[r.Intn(len(w.pods))].labels
+		relabelled[i] = &l
+	}
+	w.keep = map[string][]Signature{}
+	alt := *w
+	idle := 0
+	for _, n := range w.nodes {
+		alt.keep = nil
+		alt.pods = w.pods
+		live := map[string]bool{}
+		for _, s := range Compile(alt.input(n)).Signatures {
+			live[s.Family+" "+s.Chain] = true
+		}
+		seen := map[string]bool{}
+		for _, pods := range [][]*tpod{moved, relabelled} {
+			alt.pods = pods
+			for _, s := range Compile(alt.input(n)).Signatures {
+				if k := s.Family + " " + s.Chain; !seen[k] {
+					seen[k] = true
+					w.keep[n] = append(w.keep[n], s)
+					if !live[k] {
+						idle++
+					}
+				}
+			}
+		}
+	}
+	return idle
 }

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -27,19 +28,43 @@ func TestIncrementalEqualsCompile(t *testing.T) {
 	if testing.Short() {
 		seeds = 50
 	}
+	kept := 0
 	for seed := range seeds {
 		r := rand.New(rand.NewSource(int64(seed)))
 		g := &gen{c: &chooser{r: r}, valid: seed%3 != 0}
 		s := newSeqWorld(g, r)
 		inc := NewIncremental()
+		// Half the seeds keep combinations as tabbyd does (Retention),
+		// on a clock that moves a random 0 to 3 minutes a step.
+		var ret *Retention
+		if seed%2 == 1 {
+			ret = &Retention{Max: 1 + r.Intn(4)}
+		}
+		now := time.Unix(0, 0)
 		for step := range steps {
 			in := s.input()
+			if ret != nil {
+				in.Keep = ret.Keep(now)
+			}
 			got, want := inc.Compile(in), Compile(in)
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("seed %d step %d (after %s): the incremental Ruleset differs from Compile's: %s", seed, step, s.last, rulesetDiff(got, want))
 			}
+			checkRuleset(t, got)
+			if ret != nil {
+				ret.Observe(want, now)
+				for _, sg := range want.Signatures {
+					if sg.Pods == 0 {
+						kept++
+					}
+				}
+				now = now.Add(time.Duration(r.Intn(180)) * time.Second)
+			}
 			s.change()
 		}
+	}
+	if kept == 0 {
+		t.Error("no Ruleset kept a combination without pods: Input.Keep went untested")
 	}
 }
 

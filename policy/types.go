@@ -154,6 +154,21 @@ type Input struct {
 	// rate-limited in the kernel); Ruleset.Denials say what each log
 	// prefix stands for.
 	DeniedLog *DeniedLog
+	// Keep are combinations of policies (Ruleset.Signatures of earlier
+	// compiles) whose TABBY-NP-E-/I- chain stays in the Ruleset while no
+	// local pod has the combination: the chain, the policies' chains it
+	// jumps to, its dispatch rule and its dispatch set, empty. An empty
+	// set's rule matches nothing, so what is kept changes no verdict; what
+	// it saves is chain changes, each an iptables-restore of the whole
+	// filter table: a pod whose labels flip and flip back, or that is
+	// replaced by a pod with the same labels, then moves between dispatch
+	// sets only. An entry is left out when a policy it names is not in
+	// the input (or no longer covers its direction), when its policies
+	// are not a combination a pod could have (Policies in the order they
+	// run: the ClusterNetworkPolicies', then the NetworkPolicies' sorted),
+	// or when its family is not one of FamilyIPv4 and FamilyIPv6. The
+	// caller decides how long to keep what (tabbyd: Retention).
+	Keep []Signature
 }
 
 // Limits bound the ipsets and iptables rules one NetworkPolicy may make on
@@ -355,6 +370,25 @@ type Ruleset struct {
 	// Denials say, with Input.DeniedLog, what each NFLOG prefix of the
 	// rules stands for (one per TABBY-NP-E-/I- chain), sorted by Prefix.
 	Denials []Denial
+	// Signatures are the TABBY-NP-E-/I- chains, one per combination of
+	// policies selecting local pods in a direction and family, and those
+	// kept (Input.Keep), sorted by Family and Chain.
+	Signatures []Signature
+}
+
+// Signature is a TABBY-NP-E-/I- chain: one combination of policies that
+// select local pods in one direction, in one family.
+type Signature struct {
+	Chain     string
+	Family    string // FamilyIPv4 or FamilyIPv6
+	Direction string // "ingress" or "egress"
+	// Policies are the keys of the policies, in the order the chain runs
+	// them: ClusterNetworkPolicies ("cnp:<name>"), then NetworkPolicies
+	// ("<namespace>/<name>").
+	Policies []string
+	// Pods is how many addresses of local pods its dispatch set holds: 0
+	// for a combination only Input.Keep holds.
+	Pods int
 }
 
 // SetType is an ipset type.

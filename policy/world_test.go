@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -67,6 +68,8 @@ type world struct {
 	// limits go into every node's Input, and so does deniedLog.
 	limits    Limits
 	deniedLog *DeniedLog
+	// keep is each node's Input.Keep.
+	keep map[string][]Signature
 }
 
 var (
@@ -124,7 +127,8 @@ func (w *world) pod(key string) *tpod {
 }
 
 func (w *world) input(node string) *Input {
-	in := &Input{Node: node, Policies: w.policies, ClusterPolicies: w.cnps, Nodes: w.nodeObjs, Limits: w.limits, DeniedLog: w.deniedLog}
+	in := &Input{Node: node, Policies: w.policies, ClusterPolicies: w.cnps, Nodes: w.nodeObjs, Limits: w.limits, DeniedLog: w.deniedLog,
+		Keep: w.keep[node]}
 	nss := make([]string, 0, len(w.nsLabels))
 	for ns := range w.nsLabels {
 		nss = append(nss, ns)
@@ -551,6 +555,42 @@ func rulesetInvariants(rs *Ruleset) error {
 				return fmt.Errorf("%s is in the %s dispatch sets %s and %s", m, dir, other, s.Name)
 			}
 			seen[dir+" "+m] = s.Name
+		}
+	}
+	// Signatures: sorted, each a chain of the Ruleset with a dispatch set
+	// holding Pods members, and every TABBY-NP-E-/I- chain listed.
+	chains, sets := map[string]bool{}, map[string]Set{}
+	for _, c := range rs.Chains {
+		chains[c.Family+" "+c.Name] = true
+	}
+	for _, s := range rs.Sets {
+		sets[s.Name] = s
+	}
+	listed := map[string]bool{}
+	for i, sg := range rs.Signatures {
+		if i > 0 {
+			p := rs.Signatures[i-1]
+			if p.Family > sg.Family || p.Family == sg.Family && p.Chain >= sg.Chain {
+				return fmt.Errorf("signatures not sorted or not unique at %s %s", sg.Family, sg.Chain)
+			}
+		}
+		if !chains[sg.Family+" "+sg.Chain] {
+			return fmt.Errorf("signature %s %s has no chain", sg.Family, sg.Chain)
+		}
+		listed[sg.Family+" "+sg.Chain] = true
+		fam := slices.Index(families[:], sg.Family)
+		kind, h := byte(setKindIngress), strings.TrimPrefix(sg.Chain, PolicyChainPrefix+kindPodIngress)
+		if sg.Direction == "egress" {
+			kind, h = setKindEgress, strings.TrimPrefix(sg.Chain, PolicyChainPrefix+kindPodEgress)
+		}
+		set, ok := sets[hashedSetName(kind, fam, h)]
+		if !ok || len(set.Members) != sg.Pods || len(sg.Policies) == 0 {
+			return fmt.Errorf("signature %+v: dispatch set %+v (found %v)", sg, set, ok)
+		}
+	}
+	for _, c := range rs.Chains {
+		if (strings.HasPrefix(c.Name, PolicyChainPrefix+kindPodIngress) || strings.HasPrefix(c.Name, PolicyChainPrefix+kindPodEgress)) && !listed[c.Family+" "+c.Name] {
+			return fmt.Errorf("chain %s %s is no signature's", c.Family, c.Name)
 		}
 	}
 	if !sort.StringsAreSorted(rs.Programmed) {

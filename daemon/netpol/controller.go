@@ -127,6 +127,13 @@ type Config struct {
 	// sync programs, to turn those packets into records.
 	DeniedLog *policy.DeniedLog
 	Denied    *Denied
+	// Retention says how long the chains of a combination of policies
+	// that no local pod has any more stay (policy.Input.Keep), so that a
+	// pod whose labels flip back, or a pod replaced by one with the same
+	// labels, costs set members and not an iptables-restore; the zero
+	// value keeps them policy.DefaultKeepFor, at most
+	// policy.DefaultMaxKept.
+	Retention policy.Retention
 	// Recorder reports refused policies as Events (NewRecorder); nil:
 	// they are only logged.
 	Recorder events.Recorder
@@ -157,6 +164,8 @@ type Controller struct {
 	// audit); auditsCut counts the audits cut short since.
 	readAt    time.Time
 	auditsCut int
+	// retain is Config.Retention, fed every sync's Ruleset.
+	retain policy.Retention
 
 	mu sync.Mutex
 	// synced: the informers have synced; gen counts syncs started.
@@ -211,6 +220,7 @@ func New(cfg Config) (*Controller, error) {
 		log:      cfg.Log.With("loop", "policy"),
 		met:      newMetrics(),
 		reported: map[string]string{},
+		retain:   cfg.Retention,
 		changed:  make(chan struct{}),
 	}
 	// A failed sync is retried after a back-off that doubles from
@@ -388,6 +398,7 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	gen := c.gen
 	c.mu.Unlock()
 	in, undecoded := c.input()
+	in.Keep = c.retain.Keep(start)
 	known := localEndpoints(in, nil)
 	defer func() {
 		c.mu.Lock()
@@ -416,6 +427,7 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	c.retain.Observe(rs, compiled)
 	c.report(append(slices.Clip(rs.Problems), undecoded...))
 	if c.cfg.Denied != nil {
 		c.cfg.Denied.Update(in, rs, true)

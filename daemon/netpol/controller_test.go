@@ -389,6 +389,68 @@ func TestControllerProgramsPods(t *testing.T) {
 	}
 }
 
+// TestControllerKeepsLeftCombinations: a local pod whose labels flip to
+// another local pod's and back moves between dispatch sets, and no flip
+// writes or deletes a chain: the chains of the combination of policies
+// it left stay while no pod has it (Config.Retention, by default).
+func TestControllerKeepsLeftCombinations(t *testing.T) {
+	w := newWorld(t)
+	solo := w.pod(t, "solo", w.node, map[string]string{"app": "solo"})
+	other := w.pod(t, "other", w.node, map[string]string{"app": "other"})
+	for app, port := range map[string]int32{"solo": 80, "other": 81} {
+		w.policy(t, &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: app},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}},
+				Ingress:     []networkingv1.NetworkPolicyIngressRule{{Ports: tcpPort(port)}},
+			},
+		})
+	}
+	r := w.start(t, policy.NewIncremental().Compile)
+	soloIP, otherIP := w.assign(t, solo), w.assign(t, other)
+	for _, p := range []struct {
+		name string
+		ip   netip.Addr
+	}{{"solo", soloIP}, {"other", otherIP}} {
+		if _, err := r.c.WaitProgrammed(waitCtx(t, 30*time.Second), w.ns, p.name, "", []netip.Addr{p.ip}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The ingress dispatch set each pod is in.
+	setOf := func(kernel string, ip netip.Addr, veth string) string {
+		m := regexp.MustCompile(`(?m)^add (tabby-np-i4-\S+) ` + regexp.QuoteMeta(ip.String()+","+veth) + `$`).FindStringSubmatch(kernel)
+		if m == nil {
+			return ""
+		}
+		return m[1]
+	}
+	save := r.applier.Backend().IPTablesSave
+	kernel := w.kernel(t, save)
+	sets := map[string]string{"solo": setOf(kernel, soloIP, HostIface(solo)), "other": setOf(kernel, otherIP, HostIface(other))}
+	if sets["solo"] == "" || sets["other"] == "" || sets["solo"] == sets["other"] {
+		t.Fatalf("dispatch sets %v:\n%s", sets, kernel)
+	}
+	chains := metric(t, r.reg, "tabby_policy_kernel_changes_total", "chain")
+	for i, app := range []string{"other", "solo", "other"} {
+		if _, err := w.ds.Pods(w.ns).Patch(context.Background(), "solo", "application/merge-patch+json",
+			[]byte(`{"metadata":{"labels":{"app":"`+app+`"}}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, fmt.Sprintf("flip %d: solo (app=%s) in the dispatch set %s", i+1, app, sets[app]), func() bool {
+			return setOf(w.kernel(t, save), soloIP, HostIface(solo)) == sets[app]
+		})
+		if got := metric(t, r.reg, "tabby_policy_kernel_changes_total", "chain"); got != chains {
+			t.Errorf("flip %d (app=%s): %v chains written or deleted", i+1, app, got-chains)
+		}
+	}
+	// The chain and set of app=solo's combination stayed, its set empty
+	// while no pod had it; the flips are in the kernel as set members.
+	kernel = w.kernel(t, save)
+	if !strings.Contains(kernel, "-A "+policy.ChainToPod+" -m set --match-set "+sets["solo"]+" dst,dst -g ") {
+		t.Errorf("the dispatch rule of %s is gone:\n%s", sets["solo"], kernel)
+	}
+}
+
 // TestControllerRepairsJumps: a jump into tabby's chains that something
 // deletes is put back by the periodic check.
 func TestControllerRepairsJumps(t *testing.T) {

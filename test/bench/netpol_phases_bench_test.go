@@ -12,7 +12,8 @@ import (
 // BenchmarkNetpolFlipPhases: where a label flip's time goes on tabbyd's
 // path without the API server: building the compiler's input from the
 // cluster's objects (netpol.BuildInput, as the controller does from its
-// informers), compiling (policy.Incremental, as tabbyd) and applying (policy/apply, with
+// informers), compiling (policy.Incremental with a policy.Retention, as
+// tabbyd) and applying (policy/apply, with
 // its own phases, and how many chains it read back) in a node namespace,
 // 1,000 policies / 5,000 pods. Each
 // iteration flips the pod's labels, as BenchmarkNetpolLabelFlip does, by
@@ -23,7 +24,16 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 	netns := netnstest.New(b, "np-phases")
 	a := newApplier(b, netns, nil)
 	inc := policy.NewIncremental()
-	if _, err := applyIn(netns, a, inc.Compile(w.input())); err != nil {
+	// As the controller compiles: keeping the combinations of policies
+	// local pods had (policy.Retention).
+	var ret policy.Retention
+	compileKeep := func(in *policy.Input) *policy.Ruleset {
+		in.Keep = ret.Keep(time.Now())
+		rs := inc.Compile(in)
+		ret.Observe(rs, time.Now())
+		return rs
+	}
+	if _, err := applyIn(netns, a, compileKeep(w.input())); err != nil {
 		b.Fatal(err)
 	}
 	var remote, local, other int = -1, -1, -1
@@ -50,7 +60,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			labels := [2]map[string]string{maps.Clone(w.Pods[c.pod].Labels), maps.Clone(c.to)}
 			var input, compile, apply, sets, chains, jumps, stale time.Duration
-			n, state, readBack := 0, 0, 0
+			n, state, readBack, written := 0, 0, 0, 0
 			for b.Loop() {
 				state = 1 - state
 				p := w.Pods[c.pod].DeepCopy()
@@ -59,7 +69,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 				t0 := time.Now()
 				in := w.input()
 				t1 := time.Now()
-				rs := inc.Compile(in)
+				rs := compileKeep(in)
 				t2 := time.Now()
 				st, err := applyIn(netns, a, rs)
 				if err != nil {
@@ -73,6 +83,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 				jumps += st.JumpsTime
 				stale += st.StaleTime
 				readBack += st.ChainsReadBack
+				written += st.ChainsWritten + st.ChainsDeleted
 				n++
 			}
 			b.ReportMetric(msOf(input, n), "input-ms")
@@ -84,11 +95,12 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 			b.ReportMetric(msOf(jumps, n), "jumps-ms")
 			b.ReportMetric(msOf(stale, n), "stale-ms")
 			b.ReportMetric(float64(readBack)/float64(n), "readback-chains/op")
+			b.ReportMetric(float64(written)/float64(n), "chain-changes/op")
 			if state == 1 {
 				p := w.Pods[c.pod].DeepCopy()
 				p.Labels = labels[0]
 				w.Pods[c.pod] = p
-				if _, err := applyIn(netns, a, inc.Compile(w.input())); err != nil {
+				if _, err := applyIn(netns, a, compileKeep(w.input())); err != nil {
 					b.Fatal(err)
 				}
 			}
