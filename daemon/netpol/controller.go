@@ -166,6 +166,8 @@ type Controller struct {
 	auditsCut int
 	// retain is Config.Retention, fed every sync's Ruleset.
 	retain policy.Retention
+	// builder builds every sync's input, remembering each Pod's part.
+	builder InputBuilder
 
 	mu sync.Mutex
 	// synced: the informers have synced; gen counts syncs started.
@@ -368,13 +370,14 @@ func (c *Controller) audit(ctx context.Context) {
 
 // Input is the compiler's input from the informers' current state.
 func (c *Controller) Input() *policy.Input {
-	in, _ := c.input()
+	in, _ := c.input(nil)
 	return in
 }
 
-// input is Input and the ClusterNetworkPolicies that could not be decoded.
-func (c *Controller) input() (*policy.Input, []policy.Problem) {
-	in := BuildInput(c.cfg.Node, datastore.StoreList[corev1.Pod](c.pods), datastore.StoreList[corev1.Namespace](c.namespaces),
+// input is Input, built with b (nil: without memory), and the
+// ClusterNetworkPolicies that could not be decoded.
+func (c *Controller) input(b *InputBuilder) (*policy.Input, []policy.Problem) {
+	in := b.Build(c.cfg.Node, datastore.StoreList[corev1.Pod](c.pods), datastore.StoreList[corev1.Namespace](c.namespaces),
 		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), c.hints.storeBlocks(c.blocks))
 	in.DenyUnlisted = c.cfg.DenyUnlisted
 	in.Limits = c.cfg.Limits
@@ -397,7 +400,7 @@ func (c *Controller) sync(parent context.Context) (err error) {
 	c.gen++
 	gen := c.gen
 	c.mu.Unlock()
-	in, undecoded := c.input()
+	in, undecoded := c.input(&c.builder)
 	in.Keep = c.retain.Keep(start)
 	known := localEndpoints(in, nil)
 	defer func() {

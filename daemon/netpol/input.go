@@ -25,6 +25,61 @@ import (
 // reports it. Pods on node get HostIface, the host end of their veth
 // (HostIface). The result is sorted, so equal objects give equal inputs.
 func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace, policies []*networkingv1.NetworkPolicy, blocks []*tabbyv1.IPAMBlock) *policy.Input {
+	return (*InputBuilder)(nil).Build(node, pods, namespaces, policies, blocks)
+}
+
+// InputBuilder is BuildInput with a memory of what each Pod object gives
+// on its own (whether it is an endpoint, its key, the addresses of its
+// status), reused while the next call holds the same object: informers
+// hand out a new object for every change and never modify one. A sync
+// then costs a map lookup per unchanged pod rather than parsing its
+// addresses and building its key. Build's result is always BuildInput's
+// (TestInputBuilderEqualsBuildInput); the addresses of an endpoint may be
+// shared with earlier results, and are never modified. Pods no longer
+// given are forgotten once they are more than an eighth of those given
+// (and 64). Not safe for concurrent use; a nil *InputBuilder builds
+// without memory.
+type InputBuilder struct {
+	pods map[*corev1.Pod]*podEntry
+	gen  uint64 // Build calls: an entry's gen says when it was last given
+}
+
+type podEntry struct {
+	podInput
+	gen uint64
+}
+
+// podInput is what one Pod object gives the input on its own.
+type podInput struct {
+	endpoint bool
+	key      string       // namespace/name
+	ips      []netip.Addr // of its status: sorted, each once, clipped
+}
+
+// podInputOf works out p's podInput.
+func podInputOf(p *corev1.Pod) podInput {
+	if !endpointPod(p) {
+		return podInput{}
+	}
+	pi := podInput{endpoint: true, key: p.Namespace + "/" + p.Name}
+	for _, s := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(s.IP); err == nil {
+			pi.ips = append(pi.ips, a.Unmap())
+		}
+	}
+	if len(p.Status.PodIPs) == 0 || p.Status.PodIPs[0].IP != p.Status.PodIP {
+		// (Else status.podIP is status.podIPs[0], as the kubelet sets them.)
+		if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
+			pi.ips = append(pi.ips, a.Unmap())
+		}
+	}
+	slices.SortFunc(pi.ips, func(a, b netip.Addr) int { return a.Compare(b) })
+	pi.ips = slices.Clip(slices.Compact(pi.ips))
+	return pi
+}
+
+// Build is BuildInput, from memory for the Pod objects the last call had.
+func (b *InputBuilder) Build(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace, policies []*networkingv1.NetworkPolicy, blocks []*tabbyv1.IPAMBlock) *policy.Input {
 	in := &policy.Input{Node: node}
 	for _, ns := range namespaces {
 		if ns != nil {
@@ -43,7 +98,9 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 
 	type entry struct {
 		pod *corev1.Pod
-		ips []netip.Addr
+		ips []netip.Addr // the podInput's (clipped), or a copy once IPAM's are added
+		// more says IPAM added addresses: ips need sorting again.
+		more bool
 	}
 	// The entries are allocated together, not one by one: a sync builds
 	// one for every pod of the cluster. (Their addresses are not: the
@@ -51,24 +108,34 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 	// keep a whole sync's array alive.)
 	entries := make([]entry, len(pods))
 	byKey := make(map[string]*entry, len(pods))
+	if b != nil {
+		b.gen++
+		if b.pods == nil {
+			b.pods = make(map[*corev1.Pod]*podEntry, len(pods))
+		}
+	}
 	for i, p := range pods {
-		if !endpointPod(p) {
+		var pi podInput
+		if b != nil {
+			m := b.pods[p]
+			if m == nil {
+				m = &podEntry{podInput: podInputOf(p)}
+				b.pods[p] = m
+			}
+			m.gen = b.gen
+			pi = m.podInput
+		} else {
+			pi = podInputOf(p)
+		}
+		if !pi.endpoint {
 			continue
 		}
 		e := &entries[i]
-		e.pod = p
-		for _, s := range p.Status.PodIPs {
-			if a, err := netip.ParseAddr(s.IP); err == nil {
-				e.ips = append(e.ips, a.Unmap())
-			}
-		}
-		if len(p.Status.PodIPs) == 0 || p.Status.PodIPs[0].IP != p.Status.PodIP {
-			// (Else status.podIP is status.podIPs[0], as the kubelet sets them.)
-			if a, err := netip.ParseAddr(p.Status.PodIP); err == nil {
-				e.ips = append(e.ips, a.Unmap())
-			}
-		}
-		byKey[p.Namespace+"/"+p.Name] = e
+		e.pod, e.ips = p, pi.ips
+		byKey[pi.key] = e
+	}
+	if b != nil && len(b.pods) > len(pods)+len(pods)/8+64 {
+		maps.DeleteFunc(b.pods, func(_ *corev1.Pod, m *podEntry) bool { return m.gen != b.gen })
 	}
 	for _, b := range blocks {
 		if b == nil {
@@ -84,7 +151,9 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 			if attr.Node != "" && e.pod.Spec.NodeName != "" && attr.Node != e.pod.Spec.NodeName {
 				return
 			}
+			// The podInput's addresses are clipped: append copies them.
 			e.ips = append(e.ips, ip)
+			e.more = true
 		})
 	}
 	// Sorted by key, each key made once (not in every comparison).
@@ -98,8 +167,11 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 	in.Endpoints = make([]policy.Endpoint, 0, len(keys))
 	for _, k := range keys {
 		e := byKey[k]
-		slices.SortFunc(e.ips, func(a, b netip.Addr) int { return a.Compare(b) })
-		ep := policy.Endpoint{Pod: e.pod, IPs: slices.Compact(e.ips)}
+		if e.more {
+			slices.SortFunc(e.ips, func(a, b netip.Addr) int { return a.Compare(b) })
+			e.ips = slices.Compact(e.ips)
+		}
+		ep := policy.Endpoint{Pod: e.pod, IPs: e.ips}
 		if node != "" && e.pod.Spec.NodeName == node {
 			ep.HostIface = HostIface(e.pod)
 		}

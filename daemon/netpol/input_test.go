@@ -1,8 +1,11 @@
 package netpol
 
 import (
+	"fmt"
+	"math/rand"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +16,7 @@ import (
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/contract"
+	"github.com/tabbynet/tabby/policy"
 )
 
 func testPod(ns, name, node string, mod ...func(*corev1.Pod)) *corev1.Pod {
@@ -265,5 +269,123 @@ func TestCompareKeys(t *testing.T) {
 				t.Errorf("compareKeys(%q, %q, %q, %q) = %d, want %d", x[0], x[1], y[0], y[1], got, want)
 			}
 		}
+	}
+}
+
+// TestInputBuilderEqualsBuildInput: on random sequences of changes (pods
+// added, deleted, replaced by new objects with other labels, addresses,
+// phase, node or host networking; IPAM's allocations changed), an
+// InputBuilder fed every step gives exactly BuildInput's input, and never
+// changes the addresses of an input it returned before.
+func TestInputBuilderEqualsBuildInput(t *testing.T) {
+	const node = "n1"
+	for seed := range 200 {
+		r := rand.New(rand.NewSource(int64(seed)))
+		ip := func() string {
+			if r.Intn(3) == 0 {
+				return fmt.Sprintf("fd00::%x", r.Intn(24))
+			}
+			return fmt.Sprintf("10.0.0.%d", r.Intn(24))
+		}
+		newPod := func(name string) *corev1.Pod {
+			var ips []string
+			for range r.Intn(3) {
+				ips = append(ips, ip())
+			}
+			p := testPod([]string{"x", "y"}[r.Intn(2)], name, []string{node, "n2"}[r.Intn(2)], withStatusIPs(ips...))
+			p.Labels = map[string]string{"app": fmt.Sprint(r.Intn(3))}
+			switch r.Intn(8) {
+			case 0:
+				p.Spec.HostNetwork = true
+			case 1:
+				p.Status.Phase = corev1.PodSucceeded
+			case 2:
+				p.Status.PodIP = ip() // not podIPs[0]
+			}
+			return p
+		}
+		var pods []*corev1.Pod
+		for i := range 4 + r.Intn(8) {
+			pods = append(pods, newPod(fmt.Sprintf("p%d", i)))
+		}
+		newBlock := func() *tabbyv1.IPAMBlock {
+			held := map[int]tabbyv1.AllocationAttribute{}
+			for range r.Intn(6) {
+				p := pods[r.Intn(len(pods))]
+				held[r.Intn(16)] = tabbyv1.AllocationAttribute{HandleID: "net." + p.Name, Use: tabbyv1.UseWorkload,
+					Namespace: p.Namespace, Pod: p.Name, Node: []string{node, "n2", ""}[r.Intn(3)]}
+			}
+			return testBlock([]string{"10.0.0.0/28", "10.0.0.16/28", "fd00::/124"}[r.Intn(3)], held)
+		}
+		blocks := []*tabbyv1.IPAMBlock{newBlock()}
+		var b InputBuilder
+		var before []*policy.Input
+		var saved [][][]netip.Addr
+		for step := range 30 {
+			got, want := b.Build(node, pods, nil, nil, blocks), BuildInput(node, pods, nil, nil, blocks)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d step %d: InputBuilder\n got %+v\nwant %+v", seed, step, got.Endpoints, want.Endpoints)
+			}
+			var ips [][]netip.Addr
+			for _, e := range got.Endpoints {
+				ips = append(ips, slices.Clone(e.IPs))
+			}
+			before, saved = append(before, got), append(saved, ips)
+			for i, in := range before {
+				for j, e := range in.Endpoints {
+					if !slices.Equal(e.IPs, saved[i][j]) {
+						t.Fatalf("seed %d step %d: the input of step %d changed: %v, was %v", seed, step, i, e.IPs, saved[i][j])
+					}
+				}
+			}
+			switch i := r.Intn(len(pods)); r.Intn(6) {
+			case 0:
+				pods = append(pods, newPod(fmt.Sprintf("n%d", step)))
+			case 1:
+				if len(pods) > 1 {
+					pods = slices.Delete(pods, i, i+1)
+				}
+			case 2:
+				blocks = append(blocks, newBlock())
+			case 3:
+				blocks = blocks[:max(0, len(blocks)-1)]
+			default: // a new object for the same pod
+				p := newPod(pods[i].Name)
+				p.Namespace = pods[i].Namespace
+				pods[i] = p
+			}
+			r.Shuffle(len(pods), func(i, j int) { pods[i], pods[j] = pods[j], pods[i] })
+		}
+	}
+}
+
+// An InputBuilder forgets the Pod objects it is no longer given once they
+// are more than an eighth of those given and 64, and still builds what
+// BuildInput does.
+func TestInputBuilderForgets(t *testing.T) {
+	var b InputBuilder
+	pods := make([]*corev1.Pod, 16)
+	swept := false
+	for round := range 20 {
+		for i := range pods {
+			pods[i] = testPod("x", fmt.Sprintf("p%d", i), "n1", withStatusIPs(fmt.Sprintf("10.0.%d.%d", round, i)))
+		}
+		before := len(b.pods)
+		got, want := b.Build("n1", pods, nil, nil, nil), BuildInput("n1", pods, nil, nil, nil)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("round %d: got %+v, want %+v", round, got.Endpoints, want.Endpoints)
+		}
+		if most := len(pods) + len(pods)/8 + 64; len(b.pods) > most {
+			t.Fatalf("round %d: %d pods remembered, more than %d", round, len(b.pods), most)
+		}
+		if len(b.pods) < before {
+			swept = true
+			if len(b.pods) != len(pods) {
+				t.Errorf("round %d: after forgetting, %d pods remembered, want the %d given", round, len(b.pods), len(pods))
+			}
+		}
+	}
+	if !swept {
+		t.Error("never forgot a pod")
 	}
 }

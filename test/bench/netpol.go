@@ -126,8 +126,12 @@ func npPod(namespace, name, node string, labels map[string]string, ports []corev
 // input is the compiler's input for npNode, built as tabbyd builds it
 // (netpol.BuildInput: HostIface from the pod's name), with DenyUnlisted
 // as tabbyd's default (--policy-deny-unlisted).
-func (w *npWorld) input() *policy.Input {
-	in := netpol.BuildInput(npNode, w.Pods, w.Namespaces, w.Policies, nil)
+func (w *npWorld) input() *policy.Input { return w.inputWith(nil) }
+
+// inputWith is input built by b, as tabbyd's policy loop builds each
+// sync's (nil: BuildInput, without memory).
+func (w *npWorld) inputWith(b *netpol.InputBuilder) *policy.Input {
+	in := b.Build(npNode, w.Pods, w.Namespaces, w.Policies, nil)
 	in.ClusterPolicies = w.ClusterPolicies
 	in.DenyUnlisted = true
 	return in

@@ -5,13 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/internal/netnstest"
 	"github.com/tabbynet/tabby/policy"
 )
 
 // BenchmarkNetpolFlipPhases: where a label flip's time goes on tabbyd's
 // path without the API server: building the compiler's input from the
-// cluster's objects (netpol.BuildInput, as the controller does from its
+// cluster's objects (a netpol.InputBuilder, as the controller does from its
 // informers), compiling (policy.Incremental with a policy.Retention, as
 // tabbyd) and applying (policy/apply, with
 // its own phases, and how many chains it read back) in a node namespace,
@@ -24,6 +25,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 	netns := netnstest.New(b, "np-phases")
 	a := newApplier(b, netns, nil)
 	inc := policy.NewIncremental()
+	var builder netpol.InputBuilder
 	// As the controller compiles: keeping the combinations of policies
 	// local pods had (policy.Retention).
 	var ret policy.Retention
@@ -33,7 +35,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 		ret.Observe(rs, time.Now())
 		return rs
 	}
-	if _, err := applyIn(netns, a, compileKeep(w.input())); err != nil {
+	if _, err := applyIn(netns, a, compileKeep(w.inputWith(&builder))); err != nil {
 		b.Fatal(err)
 	}
 	var remote, local, other int = -1, -1, -1
@@ -67,7 +69,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 				p.Labels = labels[state]
 				w.Pods[c.pod] = p
 				t0 := time.Now()
-				in := w.input()
+				in := w.inputWith(&builder)
 				t1 := time.Now()
 				rs := compileKeep(in)
 				t2 := time.Now()
@@ -100,7 +102,7 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 				p := w.Pods[c.pod].DeepCopy()
 				p.Labels = labels[0]
 				w.Pods[c.pod] = p
-				if _, err := applyIn(netns, a, compileKeep(w.input())); err != nil {
+				if _, err := applyIn(netns, a, compileKeep(w.inputWith(&builder))); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -108,13 +110,32 @@ func BenchmarkNetpolFlipPhases(b *testing.B) {
 	}
 }
 
-// BenchmarkNetpolBuildInput: netpol.BuildInput alone, the "input" phase of
-// BenchmarkNetpolFlipPhases, for 1,000 policies / 5,000 pods. (Pure: no
-// root, no kernel.)
+// BenchmarkNetpolBuildInput: the "input" phase of
+// BenchmarkNetpolFlipPhases alone, for 1,000 policies / 5,000 pods:
+// netpol.BuildInput (a first sync), and an InputBuilder as tabbyd's loop
+// uses, one pod's labels flipping (a new Pod object) between builds.
+// (Pure: no root, no kernel.)
 func BenchmarkNetpolBuildInput(b *testing.B) {
-	w := newNPWorld(5000, 1000, 100)
-	b.ReportAllocs()
-	for b.Loop() {
-		w.input()
-	}
+	b.Run("first", func(b *testing.B) {
+		w := newNPWorld(5000, 1000, 100)
+		b.ReportAllocs()
+		for b.Loop() {
+			w.input()
+		}
+	})
+	b.Run("flip", func(b *testing.B) {
+		w := newNPWorld(5000, 1000, 100)
+		var builder netpol.InputBuilder
+		builder.Build(npNode, w.Pods, w.Namespaces, w.Policies, nil)
+		labels := [2]map[string]string{maps.Clone(w.Pods[7].Labels), {"app": "flipped"}}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			i++
+			p := w.Pods[7].DeepCopy()
+			p.Labels = labels[i%2]
+			w.Pods[7] = p
+			w.inputWith(&builder)
+		}
+	})
 }
