@@ -137,11 +137,11 @@ func (b *InputBuilder) Build(node string, pods []*corev1.Pod, namespaces []*core
 	if b != nil && len(b.pods) > len(pods)+len(pods)/8+64 {
 		maps.DeleteFunc(b.pods, func(_ *corev1.Pod, m *podEntry) bool { return m.gen != b.gen })
 	}
-	for _, b := range blocks {
-		if b == nil {
+	for _, blk := range blocks {
+		if blk == nil {
 			continue
 		}
-		forEachPodAllocation(b, func(ip netip.Addr, attr *tabbyv1.AllocationAttribute) {
+		forEachPodAllocation(blk, func(ip netip.Addr, attr *tabbyv1.AllocationAttribute) {
 			e := byKey[attr.Namespace+"/"+attr.Pod]
 			if e == nil {
 				return
