@@ -160,10 +160,11 @@ func (c *compiler) keptSignatures(sigOf func(direction, []*ccnp, []*cpolicy) *si
 	}
 	for _, k := range c.in.Keep {
 		fam := slices.Index(families[:], k.Family)
-		dir, ok := map[string]direction{"ingress": dirIngress, "egress": dirEgress}[k.Direction]
-		if fam < 0 || !ok || len(k.Policies) == 0 {
+		d := slices.IndexFunc(allDirections[:], func(d direction) bool { return d.String() == k.Direction })
+		if fam < 0 || d < 0 || len(k.Policies) == 0 {
 			continue
 		}
+		dir := allDirections[d]
 		cnps, pols, ok := c.keptPolicies(k.Policies, dir, cnpAt, polAt)
 		if !ok {
 			continue

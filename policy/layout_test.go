@@ -168,15 +168,8 @@ func TestPodChurnElsewhereOnlyChangesSets(t *testing.T) {
 	if reflect.DeepEqual(before.Sets, after.Sets) {
 		t.Errorf("sets did not change")
 	}
-	names := func(rs *Ruleset) []string {
-		var n []string
-		for _, s := range rs.Sets {
-			n = append(n, s.Name)
-		}
-		return n
-	}
-	if !slices.Equal(names(before), names(after)) {
-		t.Errorf("set names changed: %v -> %v", names(before), names(after))
+	if !slices.Equal(setNames(before), setNames(after)) {
+		t.Errorf("set names changed: %v -> %v", setNames(before), setNames(after))
 	}
 }
 
@@ -197,13 +190,6 @@ func TestLocalPodChurnOnlyChangesSets(t *testing.T) {
 		rs := Compile(in)
 		checkRuleset(t, rs)
 		return rs
-	}
-	names := func(rs *Ruleset) []string {
-		var n []string
-		for _, s := range rs.Sets {
-			n = append(n, s.Name)
-		}
-		return n
 	}
 	newPod := func(ns, name, label string, i byte) *tpod {
 		p := &tpod{ns: ns, name: name, labels: map[string]string{"pod": label}, node: "n1", ports: servePorts(),
@@ -230,8 +216,8 @@ func TestLocalPodChurnOnlyChangesSets(t *testing.T) {
 		if changed := !reflect.DeepEqual(prev.Chains, rs.Chains); changed != c.newChains {
 			t.Errorf("%s: chains changed %v, want %v", c.name, changed, c.newChains)
 		}
-		if !c.newChains && !slices.Equal(names(prev), names(rs)) {
-			t.Errorf("%s: set names changed: %v -> %v", c.name, names(prev), names(rs))
+		if !c.newChains && !slices.Equal(setNames(prev), setNames(rs)) {
+			t.Errorf("%s: set names changed: %v -> %v", c.name, setNames(prev), setNames(rs))
 		}
 		if reflect.DeepEqual(prev.Sets, rs.Sets) {
 			t.Errorf("%s: no set changed", c.name)

@@ -126,7 +126,7 @@ func BenchmarkNetpolBuildInput(b *testing.B) {
 	b.Run("flip", func(b *testing.B) {
 		w := newNPWorld(5000, 1000, 100)
 		var builder netpol.InputBuilder
-		builder.Build(npNode, w.Pods, w.Namespaces, w.Policies, nil)
+		w.inputWith(&builder)
 		labels := [2]map[string]string{maps.Clone(w.Pods[7].Labels), {"app": "flipped"}}
 		b.ReportAllocs()
 		i := 0
