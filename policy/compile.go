@@ -116,6 +116,8 @@ type compiler struct {
 	memo         *Incremental
 	nextPolicies map[*networkingv1.NetworkPolicy]*policyMemo
 	nextPods     map[*corev1.Pod]*podMemo
+	nextMembers  map[string]*membersMemo
+	moved        []moved // endpoints reuseEndpoints moved to other groups
 	rec          *[]setUse
 }
 
@@ -124,6 +126,7 @@ type endpoint struct {
 	key, ns string
 	pod     *corev1.Pod
 	labels  labels.Set
+	group   string    // the key of its group (labelKey)
 	ranks   []int     // indexes into compiler.addrs
 	ports   []podPort // its named ports (namedPorts)
 	iface   string
@@ -203,6 +206,7 @@ func labelKey(ns string, l map[string]string) string {
 type endpointIn struct {
 	ep  *Endpoint
 	key string
+	i   int // in Input.Endpoints
 }
 
 // addrRef is one address of the endpoint c.eps[ep].
@@ -215,6 +219,17 @@ type addrRef struct {
 // the local ones (with a valid host veth) into c.locals, all grouped by
 // namespace and labels, their addresses ranked and named ports listed.
 func (c *compiler) loadEndpoints() {
+	reused := c.reuseEndpoints()
+	if c.memo != nil {
+		c.carryMembers(reused)
+	}
+	if reused {
+		return
+	}
+	if c.memo != nil {
+		c.nextPods = make(map[*corev1.Pod]*podMemo, len(c.in.Endpoints))
+	}
+	problems := len(c.rs.Problems)
 	sorted := c.sortedEndpoints()
 	n := 0
 	for _, r := range sorted {
@@ -227,6 +242,10 @@ func (c *compiler) loadEndpoints() {
 	// thousands, and the garbage is most of an incremental compile's cost.
 	slab := make([]endpoint, len(sorted))
 	c.eps = make([]*endpoint, 0, len(sorted))
+	byIn := make([]int, len(c.in.Endpoints))
+	for i := range byIn {
+		byIn[i] = -1
+	}
 	for _, r := range sorted {
 		if len(c.eps) > 0 && c.eps[len(c.eps)-1].key == r.key {
 			continue // a duplicate: the first one wins
@@ -241,12 +260,13 @@ func (c *compiler) loadEndpoints() {
 		}
 		pm := c.podMemoOf(pod)
 		ep.ports = pm.ports
-		gk := pm.group
-		joinGroup(groups, c.byNs, gk, ep)
+		ep.group = pm.group
+		joinGroup(groups, c.byNs, ep.group, ep)
 		if ep.local {
-			joinGroup(groups, c.localNs, "L"+gk, ep)
+			joinGroup(groups, c.localNs, "L"+ep.group, ep)
 		}
 		c.nsLabelsOf(ep.ns)
+		byIn[r.i] = ep.idx
 	}
 	c.rankAddrsOnce(ips)
 	c.stamp = make([]int, len(c.eps))
@@ -268,6 +288,7 @@ func (c *compiler) loadEndpoints() {
 			c.addNamedPorts(ep)
 		}
 	}
+	c.saveEndpoints(byIn, groups, c.rs.Problems[problems:])
 }
 
 // sortedEndpoints are the input's endpoints that are pods, stably sorted
@@ -279,7 +300,7 @@ func (c *compiler) sortedEndpoints() []endpointIn {
 		if e.Pod == nil || e.Pod.Spec.HostNetwork {
 			continue // hostNetwork pods are the node, not endpoints
 		}
-		rs = append(rs, endpointIn{e, c.podMemoOf(e.Pod).key})
+		rs = append(rs, endpointIn{e, c.podMemoOf(e.Pod).key, i})
 	}
 	return c.sortEndpoints(rs)
 }

@@ -701,12 +701,11 @@ func (c *compiler) podSet(g *podGroup, fam int) string {
 	c.record(func(c *compiler) { c.podSet(g, fam) })
 	ps := c.podSets[g.key]
 	if ps == nil {
-		ps = &podSet{}
+		m := c.membersOf(g)
+		ps = &podSet{names: m.names}
 		c.podSets[g.key] = ps
-		members := c.podMembers(g.peers)
 		for f := range families {
-			ps.names[f] = setName(setKindPods, f, g.key)
-			c.made[ps.names[f]] = &Set{Name: ps.names[f], Type: SetHashIP, Family: families[f], Members: members[f]}
+			c.made[ps.names[f]] = &Set{Name: ps.names[f], Type: SetHashIP, Family: families[f], Members: m.members[f]}
 		}
 	}
 	return c.use(ps.names[fam])

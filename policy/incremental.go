@@ -1,11 +1,13 @@
 package policy
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Incremental is Compile with a memory of the previous compile, for a
@@ -20,7 +22,17 @@ import (
 //     not depend on pods: set names hash selectors, CIDRs and port names);
 //   - of a Pod: its label group and its named ports;
 //   - of the endpoints' addresses: their ranking (sorted as strings),
-//     while every endpoint has the addresses it had.
+//     while every endpoint has the addresses it had;
+//   - of the pod sets (a group of selector peers), their members, while
+//     the namespaces are the same objects, the endpoints are reused
+//     (below) and no endpoint moved between groups that a peer of the
+//     set matches;
+//   - of the endpoints as a whole: the endpoints, their groups by
+//     namespace and labels and their named ports, while the Input lists
+//     the same endpoints in the same order, with the same addresses and
+//     host veths. A Pod replaced by one with the same name and named
+//     ports (a label or annotation change) moves its endpoint to another
+//     group instead of the groups being made again.
 //
 // What depends on several objects is worked out afresh every time, and
 // is cheap: which policies select which local pods, the members of every
@@ -41,6 +53,14 @@ type Incremental struct {
 	// sorted is the last compile's endpoint keys as given, and the
 	// order sorting put them in.
 	sorted *sortMemo
+	// endpoints is what the last compile made of its endpoints.
+	endpoints *endpointsMemo
+	// members are the last compile's pod sets (by podGroup key), and
+	// namespaces its Input's.
+	members    map[string]*membersMemo
+	namespaces []*corev1.Namespace
+	// reused counts the compiles that took their endpoints from memory.
+	reused int
 }
 
 type sortMemo struct {
@@ -67,15 +87,17 @@ func (x *Incremental) Compile(in *Input) *Ruleset {
 	c := newCompiler(in)
 	c.memo = x
 	c.nextPolicies = make(map[*networkingv1.NetworkPolicy]*policyMemo, len(in.Policies))
-	c.nextPods = make(map[*corev1.Pod]*podMemo, len(in.Endpoints))
-	rs := c.run()
-	x.policies, x.pods = c.nextPolicies, c.nextPods
+	rs := c.run() // loadEndpoints makes c.nextPods and c.nextMembers
+	x.policies, x.pods, x.members = c.nextPolicies, c.nextPods, c.nextMembers
 	return rs
 }
 
 // Forget drops everything Incremental keeps: the next Compile starts
 // from nothing.
-func (x *Incremental) Forget() { x.policies, x.pods, x.ranked, x.sorted = nil, nil, nil, nil }
+func (x *Incremental) Forget() {
+	x.policies, x.pods, x.ranked, x.sorted, x.endpoints = nil, nil, nil, nil, nil
+	x.members, x.namespaces = nil, nil
+}
 
 // policyMemo is what a NetworkPolicy compiles to on its own.
 type policyMemo struct {
@@ -151,6 +173,11 @@ func (c *compiler) record(use setUse) {
 	}
 }
 
+// newPodMemo works out what pod compiles to on its own.
+func newPodMemo(pod *corev1.Pod) *podMemo {
+	return &podMemo{key: pod.Namespace + "/" + pod.Name, group: labelKey(pod.Namespace, pod.Labels), ports: namedPorts(pod)}
+}
+
 // podMemoOf is what pod compiles to on its own.
 func (c *compiler) podMemoOf(pod *corev1.Pod) *podMemo {
 	if c.memo != nil {
@@ -162,7 +189,7 @@ func (c *compiler) podMemoOf(pod *corev1.Pod) *podMemo {
 			return m
 		}
 	}
-	m := &podMemo{key: pod.Namespace + "/" + pod.Name, group: labelKey(pod.Namespace, pod.Labels), ports: namedPorts(pod)}
+	m := newPodMemo(pod)
 	if c.memo != nil {
 		c.nextPods[pod] = m
 	}
@@ -225,4 +252,203 @@ func (c *compiler) sortEndpoints(rs []endpointIn) []endpointIn {
 	}
 	c.memo.sorted = &sortMemo{keys: keys, perm: perm}
 	return out
+}
+
+// endpointsMemo is what loadEndpoints made of one Input's endpoints.
+type endpointsMemo struct {
+	in     []Endpoint // Input.Endpoints as given
+	byIn   []int      // the index in eps of each of in; -1: not an endpoint (no pod, host network, a duplicate)
+	prefix string     // the host veth prefix the locals were found with
+	eps    []*endpoint
+	locals []*endpoint
+	// groups holds every group by key: the local ones under "L"+key.
+	groups        map[string]*group
+	byNs, localNs map[string][]*group
+	named         map[string][]namedEntry
+	addrs         []string
+	addrFam       []int
+	problems      []Problem // what loading the endpoints reported
+	namespaces    []string  // of the endpoints
+}
+
+// saveEndpoints keeps what loadEndpoints made (byIn, groups and the
+// problems it reported) for the next compile.
+func (c *compiler) saveEndpoints(byIn []int, groups map[string]*group, problems []Problem) {
+	if c.memo == nil {
+		return
+	}
+	m := &endpointsMemo{
+		in: slices.Clone(c.in.Endpoints), byIn: byIn, prefix: c.prefix, eps: c.eps, locals: c.locals,
+		groups: groups, byNs: c.byNs, localNs: c.localNs, named: c.named, addrs: c.addrs, addrFam: c.addrFam,
+		problems: slices.Clone(problems),
+	}
+	for _, ep := range c.eps {
+		if n := len(m.namespaces); n == 0 || m.namespaces[n-1] != ep.ns {
+			m.namespaces = append(m.namespaces, ep.ns) // eps are sorted by namespace/name
+		}
+	}
+	c.memo.endpoints = m
+}
+
+// reuseEndpoints loads the endpoints from memory when the Input lists the
+// same ones as the last compile, in the same order, with the same
+// addresses and host veths, and the Pod objects that changed kept their
+// name, host networking and named ports. It moves the endpoints of those
+// Pods to the groups of their labels now and says whether it could.
+func (c *compiler) reuseEndpoints() bool {
+	if c.memo == nil || c.memo.endpoints == nil {
+		return false
+	}
+	m := c.memo.endpoints
+	if m.prefix != c.prefix || len(m.in) != len(c.in.Endpoints) {
+		return false
+	}
+	var changed []int
+	for i := range c.in.Endpoints {
+		e, o := &c.in.Endpoints[i], &m.in[i]
+		if e.HostIface != o.HostIface || !sameAddrs(e.IPs, o.IPs) {
+			return false
+		}
+		if e.Pod != o.Pod {
+			changed = append(changed, i)
+		}
+	}
+	// Checked before anything is changed: a Pod that cannot be moved
+	// leaves the memory as it is, and the endpoints are loaded afresh.
+	pms := make([]*podMemo, len(changed))
+	for k, i := range changed {
+		pod, j := c.in.Endpoints[i].Pod, m.byIn[i]
+		if j < 0 || pod == nil || pod.Spec.HostNetwork {
+			return false
+		}
+		pm := newPodMemo(pod)
+		if ep := m.eps[j]; pm.key != ep.key || !slices.Equal(pm.ports, ep.ports) {
+			return false
+		}
+		pms[k] = pm
+	}
+	c.nextPods = c.memo.pods
+	for k, i := range changed {
+		pod, ep := c.in.Endpoints[i].Pod, m.eps[m.byIn[i]]
+		delete(c.nextPods, m.in[i].Pod)
+		c.nextPods[pod] = pms[k]
+		m.in[i].Pod = pod
+		old := ep.labels
+		ep.pod, ep.labels = pod, labels.Set(pod.Labels)
+		if pms[k].group == ep.group {
+			continue
+		}
+		c.moved = append(c.moved, moved{ns: ep.ns, from: old, to: ep.labels})
+		leaveGroup(m.groups, m.byNs, ep.group, ep)
+		joinGroup(m.groups, m.byNs, pms[k].group, ep)
+		if ep.local {
+			leaveGroup(m.groups, m.localNs, "L"+ep.group, ep)
+			joinGroup(m.groups, m.localNs, "L"+pms[k].group, ep)
+		}
+		ep.group = pms[k].group
+	}
+	for _, ep := range m.locals {
+		ep.in, ep.eg, ep.cnp = nil, nil, [directions][]*ccnp{}
+	}
+	c.eps, c.locals, c.byNs, c.localNs, c.named = m.eps, m.locals, m.byNs, m.localNs, m.named
+	c.addrs, c.addrFam = m.addrs, m.addrFam
+	c.rs.Problems = append(c.rs.Problems, m.problems...)
+	for _, ns := range m.namespaces {
+		c.nsLabelsOf(ns)
+	}
+	c.stamp = make([]int, len(c.eps))
+	c.memo.reused++
+	return true
+}
+
+// sameAddrs says whether two lists of addresses are equal; BuildInput
+// hands out the same list for a pod whose addresses did not change.
+func sameAddrs(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	return slices.Equal(a, b)
+}
+
+// leaveGroup takes ep out of groups[key], and drops the group when it is
+// left empty.
+func leaveGroup(groups map[string]*group, byNs map[string][]*group, key string, ep *endpoint) {
+	g := groups[key]
+	g.eps = slices.DeleteFunc(g.eps, func(e *endpoint) bool { return e == ep })
+	if len(g.eps) > 0 {
+		return
+	}
+	delete(groups, key)
+	if byNs[ep.ns] = slices.DeleteFunc(byNs[ep.ns], func(x *group) bool { return x == g }); len(byNs[ep.ns]) == 0 {
+		delete(byNs, ep.ns)
+	}
+}
+
+// moved is an endpoint that reuseEndpoints moved to another group: its
+// namespace and its labels before and after.
+type moved struct {
+	ns       string
+	from, to labels.Set
+}
+
+// membersMemo is a pod set: the peers it is made of, its names and its
+// members by family.
+type membersMemo struct {
+	peers   []podPeer
+	names   [2]string
+	members [2][]string
+}
+
+// carryMembers keeps, of the last compile's pod sets, those whose members
+// this compile's Input cannot have changed: none unless the endpoints
+// were reused (reused) and the namespaces are the same objects, and of
+// those only the sets no moved endpoint (c.moved) belongs to before or
+// after. Called once the namespaces and endpoints are loaded.
+func (c *compiler) carryMembers(reused bool) {
+	x := c.memo
+	c.nextMembers = make(map[string]*membersMemo, len(x.members))
+	if !reused || !slices.Equal(x.namespaces, c.in.Namespaces) {
+		x.members = nil
+		x.namespaces = slices.Clone(c.in.Namespaces)
+		return
+	}
+	for key, m := range x.members {
+		if slices.ContainsFunc(m.peers, c.peerMoved) {
+			delete(x.members, key)
+		}
+	}
+}
+
+// peerMoved says whether an endpoint that moved was or is one of x's.
+func (c *compiler) peerMoved(x podPeer) bool {
+	for _, mv := range c.moved {
+		if x.nsSel == nil && x.ns != mv.ns || x.nsSel != nil && !x.nsSel.Matches(c.nsLabelsOf(mv.ns)) {
+			continue
+		}
+		if x.podSel.Matches(mv.from) || x.podSel.Matches(mv.to) {
+			return true
+		}
+	}
+	return false
+}
+
+// membersOf is the pod set of g: from memory when carryMembers kept it.
+func (c *compiler) membersOf(g *podGroup) *membersMemo {
+	if c.memo != nil {
+		if m := c.memo.members[g.key]; m != nil {
+			c.nextMembers[g.key] = m
+			return m
+		}
+	}
+	m := &membersMemo{peers: g.peers, members: c.podMembers(g.peers)}
+	for f := range families {
+		m.names[f] = setName(setKindPods, f, g.key)
+	}
+	if c.memo != nil {
+		c.nextMembers[g.key] = m
+	}
+	return m
 }

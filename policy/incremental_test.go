@@ -28,7 +28,7 @@ func TestIncrementalEqualsCompile(t *testing.T) {
 	if testing.Short() {
 		seeds = 50
 	}
-	kept := 0
+	kept, reused := 0, 0
 	for seed := range seeds {
 		r := rand.New(rand.NewSource(int64(seed)))
 		g := &gen{c: &chooser{r: r}, valid: seed%3 != 0}
@@ -51,6 +51,9 @@ func TestIncrementalEqualsCompile(t *testing.T) {
 				t.Fatalf("seed %d step %d (after %s): the incremental Ruleset differs from Compile's: %s", seed, step, s.last, rulesetDiff(got, want))
 			}
 			checkRuleset(t, got)
+			if len(inc.pods) > len(in.Endpoints) {
+				t.Fatalf("seed %d step %d (after %s): the Incremental remembers %d Pods of an Input of %d endpoints", seed, step, s.last, len(inc.pods), len(in.Endpoints))
+			}
 			if ret != nil {
 				ret.Observe(want, now)
 				for _, sg := range want.Signatures {
@@ -62,10 +65,15 @@ func TestIncrementalEqualsCompile(t *testing.T) {
 			}
 			s.change()
 		}
+		reused += inc.reused
 	}
 	if kept == 0 {
 		t.Error("no Ruleset kept a combination without pods: Input.Keep went untested")
 	}
+	if reused == 0 {
+		t.Error("no compile took its endpoints from memory: reuseEndpoints went untested")
+	}
+	t.Logf("%d of %d compiles took their endpoints from memory", reused, seeds*steps)
 }
 
 // seqWorld is a cluster held as objects, changed one step at a time.
@@ -105,12 +113,23 @@ func (s *seqWorld) change() {
 	g, r := s.g, s.r
 	s.next++
 	switch k := r.Intn(12); {
-	case k < 3 && len(s.endpoints) > 0: // relabel a pod
-		i := r.Intn(len(s.endpoints))
-		p := s.endpoints[i].Pod.DeepCopy()
-		p.Labels = g.labelMap(podKeys, podVals)
-		s.endpoints[i].Pod = p
-		s.last = "relabelling pod " + p.Namespace + "/" + p.Name
+	case k < 3 && len(s.endpoints) > 0: // relabel pods, or give one host networking
+		s.last = "relabelling pod"
+		for range 1 + r.Intn(2) {
+			i := r.Intn(len(s.endpoints))
+			p := s.endpoints[i].Pod.DeepCopy()
+			switch r.Intn(8) {
+			case 0:
+				p.Spec.HostNetwork = !p.Spec.HostNetwork
+				s.last += " (host network)"
+			case 1:
+				p.Annotations = map[string]string{"a": fmt.Sprint(s.next)} // the same labels
+			default:
+				p.Labels = g.labelMap(podKeys, podVals)
+			}
+			s.endpoints[i].Pod = p
+			s.last += " " + p.Namespace + "/" + p.Name
+		}
 	case k == 3: // add a pod
 		ns := pick(g.c, nsNames...)
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("q%d", s.next), Labels: g.labelMap(podKeys, podVals)},
@@ -143,8 +162,13 @@ func (s *seqWorld) change() {
 			e.IPs = s.addrs()
 		}
 		s.last = "moving or re-porting pod " + e.Pod.Name
-	case k == 6 && len(s.namespaces) > 0: // relabel a namespace
+	case k == 6 && len(s.namespaces) > 0: // relabel a namespace, or lose it with its pods left
 		i := r.Intn(len(s.namespaces))
+		if r.Intn(4) == 0 {
+			s.last = "deleting namespace " + s.namespaces[i].Name
+			s.namespaces = slices.Delete(s.namespaces, i, i+1)
+			break
+		}
 		ns := s.namespaces[i].DeepCopy()
 		ns.Labels = g.labelMap(nsKeys[:2], nsVals)
 		s.namespaces[i] = ns
