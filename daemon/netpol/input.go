@@ -54,14 +54,19 @@ type podInput struct {
 	endpoint bool
 	key      string       // namespace/name
 	ips      []netip.Addr // of its status: sorted, each once, clipped
+	node     string       // spec.nodeName
+	iface    string       // HostIface, when on the node Build was given
 }
 
-// podInputOf works out p's podInput.
-func podInputOf(p *corev1.Pod) podInput {
+// podInputOf works out p's podInput for a Build for node.
+func podInputOf(p *corev1.Pod, node string) podInput {
 	if !endpointPod(p) {
 		return podInput{}
 	}
-	pi := podInput{endpoint: true, key: p.Namespace + "/" + p.Name}
+	pi := podInput{endpoint: true, key: p.Namespace + "/" + p.Name, node: p.Spec.NodeName}
+	if node != "" && pi.node == node {
+		pi.iface = HostIface(p)
+	}
 	for _, s := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(s.IP); err == nil {
 			pi.ips = append(pi.ips, a.Unmap())
@@ -97,8 +102,9 @@ func (b *InputBuilder) Build(node string, pods []*corev1.Pod, namespaces []*core
 	})
 
 	type entry struct {
-		pod *corev1.Pod
-		ips []netip.Addr // the podInput's (clipped), or a copy once IPAM's are added
+		pod         *corev1.Pod
+		node, iface string       // the podInput's
+		ips         []netip.Addr // the podInput's (clipped), or a copy once IPAM's are added
 		// more says IPAM added addresses: ips need sorting again.
 		more bool
 	}
@@ -119,19 +125,19 @@ func (b *InputBuilder) Build(node string, pods []*corev1.Pod, namespaces []*core
 		if b != nil {
 			m := b.pods[p]
 			if m == nil {
-				m = &podEntry{podInput: podInputOf(p)}
+				m = &podEntry{podInput: podInputOf(p, node)}
 				b.pods[p] = m
 			}
 			m.gen = b.gen
 			pi = m.podInput
 		} else {
-			pi = podInputOf(p)
+			pi = podInputOf(p, node)
 		}
 		if !pi.endpoint {
 			continue
 		}
 		e := &entries[i]
-		e.pod, e.ips = p, pi.ips
+		e.pod, e.node, e.iface, e.ips = p, pi.node, pi.iface, pi.ips
 		byKey[pi.key] = e
 	}
 	if b != nil && len(b.pods) > len(pods)+len(pods)/8+64 {
@@ -148,7 +154,7 @@ func (b *InputBuilder) Build(node string, pods []*corev1.Pod, namespaces []*core
 			}
 			// An allocation left on another node by an older pod of the
 			// same name is not this pod's.
-			if attr.Node != "" && e.pod.Spec.NodeName != "" && attr.Node != e.pod.Spec.NodeName {
+			if attr.Node != "" && e.node != "" && attr.Node != e.node {
 				return
 			}
 			// The podInput's addresses are clipped: append copies them.
@@ -172,8 +178,10 @@ func (b *InputBuilder) Build(node string, pods []*corev1.Pod, namespaces []*core
 			e.ips = slices.Compact(e.ips)
 		}
 		ep := policy.Endpoint{Pod: e.pod, IPs: e.ips}
-		if node != "" && e.pod.Spec.NodeName == node {
-			ep.HostIface = HostIface(e.pod)
+		if node != "" && e.node == node {
+			if ep.HostIface = e.iface; ep.HostIface == "" { // remembered from a Build for another node
+				ep.HostIface = HostIface(e.pod)
+			}
 		}
 		in.Endpoints = append(in.Endpoints, ep)
 	}

@@ -322,9 +322,15 @@ func TestInputBuilderEqualsBuildInput(t *testing.T) {
 		var before []*policy.Input
 		var saved [][][]netip.Addr
 		for step := range 30 {
-			got, want := b.Build(node, pods, nil, nil, blocks), BuildInput(node, pods, nil, nil, blocks)
+			// Now and then for the other node: the builder's memory of
+			// which pods are local is for the node it was given.
+			on := node
+			if r.Intn(6) == 0 {
+				on = "n2"
+			}
+			got, want := b.Build(on, pods, nil, nil, blocks), BuildInput(on, pods, nil, nil, blocks)
 			if !reflect.DeepEqual(got, want) {
-				t.Fatalf("seed %d step %d: InputBuilder\n got %+v\nwant %+v", seed, step, got.Endpoints, want.Endpoints)
+				t.Fatalf("seed %d step %d (for node %s): InputBuilder\n got %+v\nwant %+v", seed, step, on, got.Endpoints, want.Endpoints)
 			}
 			var ips [][]netip.Addr
 			for _, e := range got.Endpoints {
