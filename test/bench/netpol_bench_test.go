@@ -894,8 +894,20 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 		_, err := testnet.ReadTCP(clientNS, fmt.Sprintf("%s:%d", server.Status.PodIP, closedPort), time.Second)
 		return err
 	}
-	var none, with []float64
-	var retrNone, retrWith int
+	// A node with kube-proxy (every node of a cluster) tracks
+	// connections: the second baseline turns conntrack on in the node's
+	// namespace with a rule that forwarded packets never meet.
+	conntrack := func(op string) error {
+		return netnstest.Thread(node, func() error {
+			out, err := exec.Command(be.IPTables, "-w", op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP").CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("iptables %s INPUT (conntrack on): %v: %s", op, err, out)
+			}
+			return nil
+		})
+	}
+	var none, tracked, with []float64
+	var retrNone, retrTracked, retrWith int
 	for b.Loop() {
 		if err := netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err }); err != nil {
 			b.Fatal(err)
@@ -909,6 +921,19 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 		}
 		none = append(none, r.End.SumReceived.BitsPerSecond/1e9)
 		retrNone += r.End.SumSent.Retransmits
+
+		if err := conntrack("-A"); err != nil {
+			b.Fatal(err)
+		}
+		r, err = runIperf(clientNS, server.Status.PodIP, port)
+		if err != nil {
+			b.Fatalf("without policies, conntrack on: %v", err)
+		}
+		if err := conntrack("-D"); err != nil {
+			b.Fatal(err)
+		}
+		tracked = append(tracked, r.End.SumReceived.BitsPerSecond/1e9)
+		retrTracked += r.End.SumSent.Retransmits
 
 		if _, err := applyIn(node, a, rs); err != nil {
 			b.Fatal(err)
@@ -936,14 +961,17 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 			b.Logf("packets matched by the rules of tabby's chains during one round: %v", pk)
 		}
 	}
-	mNone, mWith := median(none), median(with)
+	mNone, mTracked, mWith := median(none), median(tracked), median(with)
 	b.ReportMetric(mNone, "none-Gbit/s")
+	b.ReportMetric(mTracked, "conntrack-Gbit/s")
 	b.ReportMetric(mWith, "policies-Gbit/s")
 	b.ReportMetric(mWith/mNone, "ratio")
+	b.ReportMetric(mWith/mTracked, "ratio-conntrack")
 	b.ReportMetric(float64(retrNone)/float64(len(none)), "none-retransmits")
+	b.ReportMetric(float64(retrTracked)/float64(len(tracked)), "conntrack-retransmits")
 	b.ReportMetric(float64(retrWith)/float64(len(with)), "policies-retransmits")
 	b.ReportMetric(float64(rulesetSize(rs).rules), "rules")
-	b.Logf("Gbit/s without policies %.2f, with %.2f (%s backend)", none, with, be.Mode)
+	b.Logf("Gbit/s without policies %.2f, without policies with conntrack on %.2f, with %.2f (%s backend)", none, tracked, with, be.Mode)
 }
 
 func median(xs []float64) float64 {
