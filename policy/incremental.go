@@ -23,23 +23,23 @@ import (
 //   - of a Pod: its label group and its named ports;
 //   - of the endpoints' addresses: their ranking (sorted as strings),
 //     while every endpoint has the addresses it had;
-//   - of the pod sets (a group of selector peers), their members, while
-//     the namespaces are the same objects, the endpoints are reused
-//     (below) and no endpoint moved between groups that a peer of the
-//     set matches;
 //   - of the endpoints as a whole: the endpoints, their groups by
 //     namespace and labels and their named ports, while the Input lists
 //     the same endpoints in the same order, with the same addresses and
 //     host veths. A Pod replaced by one with the same name and named
 //     ports (a label or annotation change) moves its endpoint to another
-//     group instead of the groups being made again.
+//     group instead of the groups being made again;
+//   - of the pod sets (a group of selector peers), their members, while
+//     the endpoints are kept as above, the namespaces are the same
+//     objects, and no endpoint that moved to another group matches a
+//     peer of the set before or after.
 //
-// What depends on several objects is worked out afresh every time, and
-// is cheap: which policies select which local pods, the members of every
-// set (a set of selector peers is a scan of label groups, not of pods),
-// the limits, the dispatch. So a pod, label or namespace change costs
-// the sets and signatures it touches plus a pass over groups, and a
-// policy change costs that policy. The result is always the Ruleset
+// What else depends on several objects is worked out afresh every time,
+// and is cheap: which policies select which local pods, the members of
+// the other sets (named ports, dispatch), the limits, the dispatch. So a
+// label change costs the pod sets it touches plus a pass over the local
+// pods and the policies, and a policy change costs that policy. The
+// result is always the Ruleset
 // Compile makes of the same Input (TestIncrementalEqualsCompile checks it
 // on random change sequences). Objects no longer in the Input are
 // forgotten. An Incremental is not safe for concurrent use, and the
