@@ -23,26 +23,69 @@ import (
 // JSON, which refuses a number that does not fit its field rather than
 // truncating it.
 func DecodeClusterPolicies(objs []*unstructured.Unstructured) ([]*cnpv1.ClusterNetworkPolicy, []policy.Problem) {
+	return (*InputBuilder)(nil).ClusterPolicies(objs)
+}
+
+// ClusterPolicies is DecodeClusterPolicies, from memory for the objects
+// an earlier call had (informers never modify an object): a sync decodes
+// only the policies that changed, and an unchanged policy is the same
+// object in every Input. Objects no longer given are forgotten as Build
+// forgets Pods. A nil *InputBuilder decodes every object.
+func (b *InputBuilder) ClusterPolicies(objs []*unstructured.Unstructured) ([]*cnpv1.ClusterNetworkPolicy, []policy.Problem) {
 	var out []*cnpv1.ClusterNetworkPolicy
 	var bad []policy.Problem
+	if b != nil {
+		b.cnpGen++
+		if b.cnps == nil {
+			b.cnps = map[*unstructured.Unstructured]*cnpEntry{}
+		}
+	}
 	for _, o := range objs {
 		if o == nil {
 			continue
 		}
-		p := &cnpv1.ClusterNetworkPolicy{}
-		data, err := json.Marshal(o.Object)
-		if err == nil {
-			err = json.Unmarshal(data, p)
+		var e *cnpEntry
+		if b != nil {
+			if e = b.cnps[o]; e == nil {
+				e = decodeClusterPolicy(o)
+				b.cnps[o] = e
+			}
+			e.gen = b.cnpGen
+		} else {
+			e = decodeClusterPolicy(o)
 		}
-		if err != nil {
-			bad = append(bad, policy.Problem{Kind: policy.KindClusterNetworkPolicy, Name: o.GetName(),
-				Message: fmt.Sprintf("cannot be read as %s/%s: %v: the policy is not enforced until fixed", cnpv1.GroupName, cnpv1.Version, err)})
+		if e.problem != nil {
+			bad = append(bad, *e.problem)
 			continue
 		}
-		out = append(out, p)
+		out = append(out, e.policy)
+	}
+	if b != nil && len(b.cnps) > len(objs)+len(objs)/8+64 {
+		maps.DeleteFunc(b.cnps, func(_ *unstructured.Unstructured, e *cnpEntry) bool { return e.gen != b.cnpGen })
 	}
 	slices.SortFunc(out, func(a, b *cnpv1.ClusterNetworkPolicy) int { return strings.Compare(a.Name, b.Name) })
 	return out, bad
+}
+
+// cnpEntry is what one ClusterNetworkPolicy object decodes to: the policy,
+// or the problem that keeps it from being enforced.
+type cnpEntry struct {
+	policy  *cnpv1.ClusterNetworkPolicy
+	problem *policy.Problem
+	gen     uint64 // the ClusterPolicies call that last had it
+}
+
+func decodeClusterPolicy(o *unstructured.Unstructured) *cnpEntry {
+	p := &cnpv1.ClusterNetworkPolicy{}
+	data, err := json.Marshal(o.Object)
+	if err == nil {
+		err = json.Unmarshal(data, p)
+	}
+	if err != nil {
+		return &cnpEntry{problem: &policy.Problem{Kind: policy.KindClusterNetworkPolicy, Name: o.GetName(),
+			Message: fmt.Sprintf("cannot be read as %s/%s: %v: the policy is not enforced until fixed", cnpv1.GroupName, cnpv1.Version, err)}}
+	}
+	return &cnpEntry{policy: p}
 }
 
 // nodeChanged: only a node's labels and addresses matter to policies

@@ -1,6 +1,10 @@
 package netpol
 
 import (
+	"fmt"
+	"math/rand"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -43,5 +47,85 @@ func TestDecodeClusterPolicies(t *testing.T) {
 			!strings.Contains(p.Message, "not enforced until fixed") {
 			t.Errorf("problem %+v", p)
 		}
+	}
+}
+
+// TestInputBuilderClusterPolicies: an InputBuilder decodes as
+// DecodeClusterPolicies does, on random sequences of objects added,
+// replaced (with good or undecodable specs) and removed; an object it
+// had before gives the same policy object again; what it remembers stays
+// within its bound and is swept.
+func TestInputBuilderClusterPolicies(t *testing.T) {
+	obj := func(name string, priority any) *unstructured.Unstructured {
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "policy.networking.k8s.io/v1beta1", "kind": "ClusterNetworkPolicy",
+			"metadata": map[string]any{"name": name}, "spec": map[string]any{"tier": "Admin", "priority": priority,
+				"subject": map[string]any{"namespaces": map[string]any{}}}}}
+	}
+	swept := false
+	for seed := range 100 {
+		r := rand.New(rand.NewSource(int64(seed)))
+		var b InputBuilder
+		var objs []*unstructured.Unstructured
+		last := map[*unstructured.Unstructured]*cnpv1.ClusterNetworkPolicy{}
+		for step := range 40 {
+			switch k := r.Intn(4); {
+			case k == 0 || len(objs) == 0:
+				objs = append(objs, obj(fmt.Sprintf("c%d", r.Intn(30)), int64(r.Intn(1000))))
+			case k == 1:
+				i := r.Intn(len(objs))
+				priority := any(int64(r.Intn(1000)))
+				if r.Intn(3) == 0 {
+					priority = "first" // does not decode
+				}
+				objs[i] = obj(objs[i].GetName(), priority)
+			case k == 2:
+				i := r.Intn(len(objs))
+				objs = slices.Delete(objs, i, i+1)
+			}
+			given := slices.Clone(objs)
+			r.Shuffle(len(given), func(i, j int) { given[i], given[j] = given[j], given[i] })
+			before := len(b.cnps)
+			got, gotBad := b.ClusterPolicies(given)
+			want, wantBad := DecodeClusterPolicies(given)
+			if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(gotBad, wantBad) {
+				t.Fatalf("seed %d step %d: got %v %v, want %v %v", seed, step, got, gotBad, want, wantBad)
+			}
+			now := map[*unstructured.Unstructured]*cnpv1.ClusterNetworkPolicy{}
+			for _, o := range given {
+				for _, p := range got {
+					if e := b.cnps[o]; e != nil && e.policy == p {
+						now[o] = p
+					}
+				}
+			}
+			for o, p := range now {
+				if q, ok := last[o]; ok && q != p {
+					t.Fatalf("seed %d step %d: object %s decoded again", seed, step, o.GetName())
+				}
+			}
+			last = now
+			if most := len(given) + len(given)/8 + 64; len(b.cnps) > most {
+				t.Fatalf("seed %d step %d: %d objects remembered, more than %d", seed, step, len(b.cnps), most)
+			}
+			swept = swept || len(b.cnps) < before
+		}
+	}
+	var b InputBuilder
+	for round := range 20 {
+		objs := make([]*unstructured.Unstructured, 8)
+		for i := range objs {
+			objs[i] = obj(fmt.Sprintf("c%d", i), int64(round))
+		}
+		before := len(b.cnps)
+		b.ClusterPolicies(objs)
+		if len(b.cnps) < before {
+			swept = true
+			if len(b.cnps) != len(objs) {
+				t.Errorf("round %d: after forgetting, %d objects remembered, want the %d given", round, len(b.cnps), len(objs))
+			}
+		}
+	}
+	if !swept {
+		t.Error("never forgot an object")
 	}
 }

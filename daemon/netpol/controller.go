@@ -384,7 +384,7 @@ func (c *Controller) input(b *InputBuilder) (*policy.Input, []policy.Problem) {
 	in.DeniedLog = c.cfg.DeniedLog
 	var bad []policy.Problem
 	if c.cnps != nil {
-		in.ClusterPolicies, bad = DecodeClusterPolicies(datastore.StoreList[unstructured.Unstructured](c.cnps))
+		in.ClusterPolicies, bad = b.ClusterPolicies(datastore.StoreList[unstructured.Unstructured](c.cnps))
 		in.Nodes = datastore.StoreList[corev1.Node](c.nodes)
 		slices.SortFunc(in.Nodes, func(a, b *corev1.Node) int { return strings.Compare(a.Name, b.Name) })
 	}

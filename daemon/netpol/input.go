@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/contract"
@@ -37,11 +38,16 @@ func BuildInput(node string, pods []*corev1.Pod, namespaces []*corev1.Namespace,
 // (TestInputBuilderEqualsBuildInput); the addresses of an endpoint may be
 // shared with earlier results, and are never modified. Pods no longer
 // given are forgotten once they are more than an eighth of those given
-// (and 64). Not safe for concurrent use; a nil *InputBuilder builds
+// (and 64). ClusterPolicies does the same for ClusterNetworkPolicy
+// objects. Not safe for concurrent use; a nil *InputBuilder builds
 // without memory.
 type InputBuilder struct {
 	pods map[*corev1.Pod]*podEntry
 	gen  uint64 // Build calls: an entry's gen says when it was last given
+	// cnps are the ClusterNetworkPolicy objects decoded (ClusterPolicies),
+	// and cnpGen counts its calls.
+	cnps   map[*unstructured.Unstructured]*cnpEntry
+	cnpGen uint64
 }
 
 type podEntry struct {
