@@ -117,6 +117,8 @@ type compiler struct {
 	nextPolicies map[*networkingv1.NetworkPolicy]*policyMemo
 	nextPods     map[*corev1.Pod]*podMemo
 	nextMembers  map[string]*membersMemo
+	nextNamed    map[string][]string
+	reused       bool    // the endpoints are the last compile's (reuseEndpoints)
 	moved        []moved // endpoints reuseEndpoints moved to other groups
 	rec          *[]setUse
 }
@@ -219,11 +221,11 @@ type addrRef struct {
 // the local ones (with a valid host veth) into c.locals, all grouped by
 // namespace and labels, their addresses ranked and named ports listed.
 func (c *compiler) loadEndpoints() {
-	reused := c.reuseEndpoints()
+	c.reused = c.reuseEndpoints()
 	if c.memo != nil {
-		c.carryMembers(reused)
+		c.carryMembers(c.reused)
 	}
-	if reused {
+	if c.reused {
 		return
 	}
 	if c.memo != nil {

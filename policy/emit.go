@@ -853,21 +853,36 @@ func (c *compiler) namedSet(port string, fam int, ingress bool) string {
 	}
 	name := setName(kind, fam, port)
 	if c.made[name] == nil {
-		var m []string
-		for _, e := range c.named[port] {
-			if ingress && !e.local {
-				continue
-			}
-			suffix := "," + e.proto + ":" + strconv.Itoa(int(e.port))
-			for _, r := range e.ranks {
-				if c.addrFam[r] == fam {
-					m = append(m, c.addrs[r]+suffix)
-				}
-			}
-		}
-		slices.Sort(m)
-		m = slices.Compact(m)
-		c.made[name] = &Set{Name: name, Type: SetHashIPPort, Family: families[fam], Members: m}
+		c.made[name] = &Set{Name: name, Type: SetHashIPPort, Family: families[fam], Members: c.namedMembers(name, port, fam, ingress)}
 	}
 	return c.use(name)
+}
+
+// namedMembers are the members of the named port set name: from memory
+// when the endpoints (and so c.named) are the last compile's.
+func (c *compiler) namedMembers(name, port string, fam int, ingress bool) []string {
+	if c.memo != nil && c.reused {
+		if m, ok := c.memo.named[name]; ok {
+			c.nextNamed[name] = m
+			return m
+		}
+	}
+	var m []string
+	for _, e := range c.named[port] {
+		if ingress && !e.local {
+			continue
+		}
+		suffix := "," + e.proto + ":" + strconv.Itoa(int(e.port))
+		for _, r := range e.ranks {
+			if c.addrFam[r] == fam {
+				m = append(m, c.addrs[r]+suffix)
+			}
+		}
+	}
+	slices.Sort(m)
+	m = slices.Compact(m)
+	if c.memo != nil {
+		c.nextNamed[name] = m
+	}
+	return m
 }

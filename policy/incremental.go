@@ -32,11 +32,13 @@ import (
 //   - of the pod sets (a group of selector peers), their members, while
 //     the endpoints are kept as above, the namespaces are the same
 //     objects, and no endpoint that moved to another group matches a
-//     peer of the set before or after.
+//     peer of the set before or after;
+//   - of the named port sets, their members, while the endpoints are
+//     kept as above (a label change moves no named port).
 //
 // What else depends on several objects is worked out afresh every time,
 // and is cheap: which policies select which local pods, the members of
-// the other sets (named ports, dispatch), the limits, the dispatch. So a
+// the dispatch sets, the limits, the dispatch. So a
 // label change costs the pod sets it touches plus a pass over the local
 // pods and the policies, and a policy change costs that policy. The
 // result is always the Ruleset
@@ -59,6 +61,9 @@ type Incremental struct {
 	// namespaces its Input's.
 	members    map[string]*membersMemo
 	namespaces []*corev1.Namespace
+	// named are the members of the last compile's named port sets, by
+	// set name.
+	named map[string][]string
 	// reused counts the compiles that took their endpoints from memory.
 	reused int
 }
@@ -87,8 +92,9 @@ func (x *Incremental) Compile(in *Input) *Ruleset {
 	c := newCompiler(in)
 	c.memo = x
 	c.nextPolicies = make(map[*networkingv1.NetworkPolicy]*policyMemo, len(in.Policies))
+	c.nextNamed = make(map[string][]string, len(x.named))
 	rs := c.run() // loadEndpoints makes c.nextPods and c.nextMembers
-	x.policies, x.pods, x.members = c.nextPolicies, c.nextPods, c.nextMembers
+	x.policies, x.pods, x.members, x.named = c.nextPolicies, c.nextPods, c.nextMembers, c.nextNamed
 	return rs
 }
 
@@ -96,7 +102,7 @@ func (x *Incremental) Compile(in *Input) *Ruleset {
 // from nothing.
 func (x *Incremental) Forget() {
 	x.policies, x.pods, x.ranked, x.sorted, x.endpoints = nil, nil, nil, nil, nil
-	x.members, x.namespaces = nil, nil
+	x.members, x.namespaces, x.named = nil, nil, nil
 }
 
 // policyMemo is what a NetworkPolicy compiles to on its own.
