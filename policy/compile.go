@@ -223,7 +223,7 @@ type addrRef struct {
 func (c *compiler) loadEndpoints() {
 	c.reused = c.reuseEndpoints()
 	if c.memo != nil {
-		c.carryMembers(c.reused)
+		c.carryMembers()
 	}
 	if c.reused {
 		return
@@ -241,7 +241,7 @@ func (c *compiler) loadEndpoints() {
 	ifaces := map[string]string{} // host veth → the key of the pod that has it
 	groups := map[string]*group{}
 	// One allocation for every endpoint, not one each: a compile makes
-	// thousands, and the garbage is most of an incremental compile's cost.
+	// thousands.
 	slab := make([]endpoint, len(sorted))
 	c.eps = make([]*endpoint, 0, len(sorted))
 	byIn := make([]int, len(c.in.Endpoints))

@@ -410,13 +410,13 @@ type membersMemo struct {
 
 // carryMembers keeps, of the last compile's pod sets, those whose members
 // this compile's Input cannot have changed: none unless the endpoints
-// were reused (reused) and the namespaces are the same objects, and of
+// were reused (c.reused) and the namespaces are the same objects, and of
 // those only the sets no moved endpoint (c.moved) belongs to before or
 // after. Called once the namespaces and endpoints are loaded.
-func (c *compiler) carryMembers(reused bool) {
+func (c *compiler) carryMembers() {
 	x := c.memo
 	c.nextMembers = make(map[string]*membersMemo, len(x.members))
-	if !reused || !slices.Equal(x.namespaces, c.in.Namespaces) {
+	if !c.reused || !slices.Equal(x.namespaces, c.in.Namespaces) {
 		x.members = nil
 		x.namespaces = slices.Clone(c.in.Namespaces)
 		return
