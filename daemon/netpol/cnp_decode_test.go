@@ -118,12 +118,7 @@ func TestInputBuilderClusterPolicies(t *testing.T) {
 		}
 		before := len(b.cnps)
 		b.ClusterPolicies(objs)
-		if len(b.cnps) < before {
-			swept = true
-			if len(b.cnps) != len(objs) {
-				t.Errorf("round %d: after forgetting, %d objects remembered, want the %d given", round, len(b.cnps), len(objs))
-			}
-		}
+		swept = forgotTo(t, "objects", round, before, len(b.cnps), len(objs)) || swept
 	}
 	if !swept {
 		t.Error("never forgot an object")
