@@ -46,6 +46,14 @@ type nodeMount struct {
 	Target string
 	// Source is the node's own folder or file (mountBind).
 	Source string
+	// Shared makes the bind a shared mount (its own peer group, inside
+	// the node's namespace only), as a real node's systemd leaves every
+	// mount. kubelet needs its root folder shared: when it is not,
+	// kubelet binds the folder over itself at start, while its other
+	// goroutines already make sockets in it, and a rename that straddles
+	// that bind fails (the pod-resources socket: "invalid cross-device
+	// link", and kubelet exits).
+	Shared bool
 }
 
 // sysctlsKubeletWrites are the host-global sysctls kubelet sets at start
@@ -73,7 +81,8 @@ func nodeMounts(n *Node) []nodeMount {
 		"/var/log/pods", "/var/log/containers",
 		"/opt/cni/bin", "/etc/cni/net.d",
 	} {
-		m = append(m, nodeMount{Kind: mountBind, Target: p, Source: filepath.Join(fsDir, strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "-"))})
+		m = append(m, nodeMount{Kind: mountBind, Target: p, Source: filepath.Join(fsDir, strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "-")),
+			Shared: p == "/var/lib/kubelet"})
 	}
 	m = append(m, nodeMount{Kind: mountExist, Target: "/lib/modules"})
 	m = append(m, nodeMount{Kind: mountBind, Target: "/etc/resolv.conf", Source: filepath.Join(fsDir, "resolv.conf")})
@@ -246,6 +255,11 @@ func makeNodeMounts(mounts []nodeMount, keep []string, overlayDir string) error 
 			}
 			if err := unix.Mount(fdPath(fds[m.Source]), m.Target, "", unix.MS_BIND, ""); err != nil {
 				return fmt.Errorf("binding %s over %s: %w", m.Source, m.Target, err)
+			}
+			if m.Shared {
+				if err := unix.Mount("", m.Target, "", unix.MS_SHARED, ""); err != nil {
+					return fmt.Errorf("making %s a shared mount: %w", m.Target, err)
+				}
 			}
 		}
 	}

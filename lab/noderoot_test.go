@@ -31,6 +31,11 @@ func TestNodeMounts(t *testing.T) {
 			t.Errorf("%s is not the node's own", p)
 		}
 	}
+	for p, x := range targets {
+		if x.Shared != (p == "/var/lib/kubelet") {
+			t.Errorf("%s shared %v: kubelet's root, and only it, must be a shared mount", p, x.Shared)
+		}
+	}
 	if targets["/lib/modules"].Kind != mountExist {
 		t.Errorf("/lib/modules is not made to exist")
 	}

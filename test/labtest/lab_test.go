@@ -150,6 +150,27 @@ func TestLab(t *testing.T) {
 		}
 	}
 
+	t.Run("kubelet's root is the node's one shared mount", func(t *testing.T) {
+		// When it is not shared, kubelet binds it over itself at start
+		// while it makes its sockets there, and a rename that straddles
+		// the bind fails (lab/noderoot.go, nodeMount.Shared).
+		for _, n := range st.Nodes {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", n.Kubelet.Pid))
+			if err != nil {
+				t.Fatalf("kubelet of %s: %v", n.Name, err)
+			}
+			var at []string
+			for _, line := range strings.Split(string(data), "\n") {
+				if f := strings.Fields(line); len(f) > 6 && f[4] == "/var/lib/kubelet" {
+					at = append(at, line)
+				}
+			}
+			if len(at) != 1 || !strings.Contains(at[0], " shared:") {
+				t.Errorf("kubelet of %s sees %d mounts at /var/lib/kubelet, want one shared mount:\n%s", n.Name, len(at), strings.Join(at, "\n"))
+			}
+		}
+	})
+
 	t.Run("tabby installed as users install it", func(t *testing.T) {
 		// install-cni wrote into each node's own, empty /opt/cni/bin.
 		for _, n := range st.Nodes {
