@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -188,5 +190,82 @@ func TestNodeChanged(t *testing.T) {
 		if !nodeChanged(n, m) {
 			t.Errorf("%v -> %v is no change", n.ObjectMeta, m.ObjectMeta)
 		}
+	}
+}
+
+// TestBlockChanged: an update blockChanged calls no change must change
+// nothing routing computes from the blocks (every node's advertisements
+// and the route filters), on random blocks and random updates; and the
+// updates a busy cluster makes most (a pod's address in its own node's
+// block) must be no change.
+func TestBlockChanged(t *testing.T) {
+	nodes := []string{"n1", "n2", "n3"}
+	var bnodes []bgp.Node
+	for i, n := range nodes {
+		bnodes = append(bnodes, bgp.Node{Name: n, IPv4: netip.MustParsePrefix(fmt.Sprintf("10.0.0.%d/24", i+1))})
+	}
+	pools := []tabbyv1.IPPool{{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: tabbyv1.IPPoolSpec{CIDR: "10.244.0.0/16", BlockSize: 29}}}
+	rng := rand.New(rand.NewPCG(7, 7))
+	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
+	randomize := func(b *tabbyv1.IPAMBlock) {
+		b.Spec.Attributes = nil
+		b.Spec.Allocations = make([]int, 8)
+		for ord := range b.Spec.Allocations {
+			b.Spec.Allocations[ord] = -1
+			if rng.IntN(2) == 0 {
+				b.Spec.Allocations[ord] = len(b.Spec.Attributes)
+				b.Spec.Attributes = append(b.Spec.Attributes, tabbyv1.AllocationAttribute{HandleID: fmt.Sprintf("h%d", rng.IntN(1000)), Node: pick("", "n1", "n2", "n3")})
+			}
+		}
+	}
+	routingOf := func(b *tabbyv1.IPAMBlock) (string, *bgp.Filters) {
+		blocks := []tabbyv1.IPAMBlock{*b}
+		var out strings.Builder
+		for _, n := range nodes {
+			ads, _ := bgp.Advertisements(bgp.AdvertInputs{Node: n, IPv4: netip.MustParseAddr("10.0.0.9"), Pools: pools, Blocks: blocks})
+			fmt.Fprintf(&out, "%s: %v\n", n, ads)
+		}
+		f, _ := bgp.NewFilters(bgp.FilterInputs{Nodes: bnodes, Pools: pools, Blocks: blocks})
+		return out.String(), f
+	}
+	unchanged, changed := 0, 0
+	for range 3000 {
+		a := &tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "b"}, Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.244.1.0/29", Affinity: pick("host:n1", "host:n2", "", "other")}}
+		randomize(a)
+		b := a.DeepCopy()
+		switch rng.IntN(6) {
+		case 0:
+			b.Spec.CIDR = "10.244.1.8/29"
+		case 1:
+			b.Spec.Affinity = pick("host:n1", "host:n3", "")
+		case 2:
+			b.Spec.Deleted = !b.Spec.Deleted
+		default:
+			randomize(b)
+		}
+		if blockChanged(a, b) {
+			changed++
+			continue
+		}
+		unchanged++
+		adsA, fA := routingOf(a)
+		adsB, fB := routingOf(b)
+		if adsA != adsB || !reflect.DeepEqual(fA, fB) {
+			t.Fatalf("%+v -> %+v is no change to blockChanged, but routing differs:\n%s%+v\n--\n%s%+v", a.Spec, b.Spec, adsA, fA, adsB, fB)
+		}
+	}
+	if unchanged < 100 || changed < 100 {
+		t.Fatalf("%d updates no change, %d a change: the test does not reach both", unchanged, changed)
+	}
+	own := &tabbyv1.IPAMBlock{Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.244.1.0/29", Affinity: "host:n1", Allocations: []int{0, -1}, Attributes: []tabbyv1.AllocationAttribute{{HandleID: "k8s.a", Node: "n1"}}}}
+	next := own.DeepCopy()
+	next.Spec.Allocations[1] = 1
+	next.Spec.Attributes = append(next.Spec.Attributes, tabbyv1.AllocationAttribute{HandleID: "k8s.b", Node: "n1", Namespace: "ns", Pod: "b"})
+	if blockChanged(own, next) {
+		t.Errorf("a pod's address in its own node's block counts as a routing change")
+	}
+	next.Spec.Attributes[1].Node = "n2"
+	if !blockChanged(own, next) {
+		t.Errorf("an address n2 borrowed from n1's block counts as no change")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,6 +49,42 @@ func nodeChanged(old, new any) bool {
 		!reflect.DeepEqual(a.Status.Addresses, b.Status.Addresses)
 }
 
+// blockChanged says whether an IPAMBlock update matters to routing: its
+// cidr, affinity or deletion, or the addresses nodes other than its own
+// hold in it (borrowed: advertised and accepted as host routes). A pod's
+// address taken or given back in its node's own block does not. On a
+// cluster whose pods come and go that is most block updates, and each
+// cost every node a routing pass.
+func blockChanged(old, new any) bool {
+	a, ok1 := old.(*tabbyv1.IPAMBlock)
+	b, ok2 := new.(*tabbyv1.IPAMBlock)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return a.Spec.CIDR != b.Spec.CIDR || a.Spec.Affinity != b.Spec.Affinity || a.Spec.Deleted != b.Spec.Deleted ||
+		!slices.Equal(borrowed(a), borrowed(b))
+}
+
+// borrowed lists the allocations of b held by a node that is not its
+// affine node, as ordinal=node: what bgp.Filters and bgp.Advertisements
+// read of a block's allocations.
+func borrowed(b *tabbyv1.IPAMBlock) []string {
+	affine, ok := strings.CutPrefix(b.Spec.Affinity, "host:")
+	if !ok {
+		affine = ""
+	}
+	var out []string
+	for ord, idx := range b.Spec.Allocations {
+		if idx < 0 || idx >= len(b.Spec.Attributes) {
+			continue
+		}
+		if n := b.Spec.Attributes[idx].Node; n != "" && n != affine {
+			out = append(out, strconv.Itoa(ord)+"="+n)
+		}
+	}
+	return out
+}
+
 // caches are the informers the routing loop reads: every Node, IPPool,
 // IPAMBlock, BGPConfiguration, BGPPeer and BGPFilter. Not Secrets:
 // tabby-node may read only those granted to it by name (BGP passwords),
@@ -61,7 +99,7 @@ func newCaches(ds *datastore.Client, onChange func()) *caches {
 		ds:      ds,
 		nodes:   watchAll(&corev1.Node{}, ds.Nodes, onChange, nodeChanged),
 		pools:   watchAll(&tabbyv1.IPPool{}, ds.IPPools, onChange, nil),
-		blocks:  watchAll(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, onChange, nil),
+		blocks:  watchAll(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, onChange, blockChanged),
 		configs: watchAll(&tabbyv1.BGPConfiguration{}, ds.BGPConfigurations, onChange, nil),
 		peers:   watchAll(&tabbyv1.BGPPeer{}, ds.BGPPeers, onChange, nil),
 		filters: watchAll(&tabbyv1.BGPFilter{}, ds.BGPFilters, onChange, nil),
