@@ -103,15 +103,26 @@ func (s *Speaker) syncPolicies(ctx context.Context) error {
 		return fmt.Errorf("replacing the BGP route filters: %w", err)
 	}
 	s.policy = req
-	up, err := s.establishedKeys(ctx)
+	// Only the sessions to reset are looked up in GoBGP: a claim resets
+	// one or two of them, and listing all 29 of a mesh node's sessions
+	// (GoBGP converts each one's whole configuration) was a fifth of each
+	// node's CPU per claim, paid on every node of the cluster at once.
+	var keys []string
+	for key, ss := range s.sessions {
+		if out || in(ss.peer) {
+			keys = append(keys, key)
+		}
+	}
+	up, err := s.establishedKeys(ctx, keys, len(keys) == len(s.sessions))
 	if err != nil {
 		return fmt.Errorf("re-applying the route filters: %w", err)
 	}
 	var errs []error
-	for key, ss := range s.sessions {
+	for _, key := range keys {
 		if !up[key] {
 			continue
 		}
+		ss := s.sessions[key]
 		for dir, reset := range map[api.ResetPeerRequest_SoftResetDirection]bool{api.ResetPeerRequest_IN: in(ss.peer), api.ResetPeerRequest_OUT: out} {
 			if !reset {
 				continue

@@ -415,13 +415,23 @@ func (s *Speaker) established(ctx context.Context, key string) bool {
 	return up
 }
 
-// establishedKeys are the keys of the sessions GoBGP has up, in one read.
-func (s *Speaker) establishedKeys(ctx context.Context) (map[string]bool, error) {
+// establishedKeys says which of the sessions keys GoBGP has up: in one
+// read of every session when all is set (keys are all of them), else one
+// read per key (GoBGP converts only the sessions a read asks for).
+func (s *Speaker) establishedKeys(ctx context.Context, keys []string, all bool) (map[string]bool, error) {
 	up := map[string]bool{}
-	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) {
+	mark := func(p *api.Peer) {
 		if p.GetState().GetSessionState() == api.PeerState_ESTABLISHED {
 			up[p.GetConf().GetNeighborAddress()] = true
 		}
-	})
-	return up, err
+	}
+	if all {
+		return up, s.srv.ListPeer(ctx, &api.ListPeerRequest{}, mark)
+	}
+	for _, key := range keys {
+		if err := s.srv.ListPeer(ctx, &api.ListPeerRequest{Address: key}, mark); err != nil {
+			return up, err
+		}
+	}
+	return up, nil
 }
