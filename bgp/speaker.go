@@ -110,10 +110,18 @@ type Speaker struct {
 	// changed its sessions (see Changed).
 	changed atomic.Uint64
 	// lastRead is the table the last Learned read, while no
-	// PeerStatesAfterLearned has used it; lastReadAt the changed count
+	// RecentPeerStates has used it; lastReadAt the changed count
 	// when it was read.
 	lastRead   *rib
 	lastReadAt uint64
+	// statesGen counts what can change a session's state as PeerStates
+	// gives it, but its route counts: GoBGP's peer events (a session
+	// going up or down) and converges. recent are the states the last
+	// RecentPeerStates read, at recentAt with statesGen recentGen.
+	statesGen atomic.Uint64
+	recent    []PeerState
+	recentAt  time.Time
+	recentGen uint64
 
 	kick    chan struct{}
 	changes chan struct{}
@@ -262,6 +270,9 @@ func (s *Speaker) onEvent(ev *api.WatchEventResponse) {
 	if t := ev.GetTable(); t != nil && len(t.GetPaths()) == 0 {
 		return
 	}
+	if ev.GetPeer() != nil {
+		s.statesGen.Add(1)
+	}
 	s.signal()
 }
 
@@ -318,6 +329,7 @@ func (s *Speaker) pending() bool {
 
 // converge applies one Transition plan. Called with s.mu held.
 func (s *Speaker) converge(ctx context.Context) error {
+	defer s.statesGen.Add(1)
 	now := time.Now()
 	rib, err := s.scanRIB(ctx)
 	if err != nil {

@@ -251,14 +251,16 @@ func TestLoopbackLyingNode(t *testing.T) {
 	// Learned read, are the same.
 	_, err = victim.Learned(ctx)
 	mustNil(t, err)
-	after, err := victim.PeerStatesAfterLearned(ctx)
+	after, until, err := victim.RecentPeerStates(ctx, time.Hour)
 	mustNil(t, err)
-	if got, want := statesString(after), statesString(st); got != want {
-		t.Errorf("PeerStatesAfterLearned:\n%s\nPeerStates:\n%s", got, want)
+	if got, want := statesString(after), statesString(st); got != want || !until.IsZero() {
+		t.Errorf("RecentPeerStates (a fresh read: until %v):\n%s\nPeerStates:\n%s", until, got, want)
 	}
-	// A filter change after Learned read the table: the states read it
-	// again. a's block is no longer a's, so its route is rejected now,
-	// which the table Learned read (where it was kept) cannot show.
+	// A filter change after Learned read the table: a read within the
+	// hour answers with the counts of the last read, and says until when;
+	// a read that wants them newer reads the table again. a's block is
+	// no longer a's, so its route is rejected now, which the table
+	// Learned read (where it was kept) cannot show.
 	_, err = victim.Learned(ctx)
 	mustNil(t, err)
 	f2, _ := NewFilters(FilterInputs{Pools: []v1.IPPool{sizedPool("10.244.0.0/16", 26)},
@@ -266,13 +268,26 @@ func TestLoopbackLyingNode(t *testing.T) {
 		Blocks: []v1.IPAMBlock{block("10.244.3.0/26", "host:c", nil)},
 		Config: v1.BGPConfigurationSpec{ServiceClusterIPs: []v1.ServiceIPBlock{{CIDR: "10.96.0.0/12"}}}})
 	mustNil(t, victim.SetFilters(ctx, f2))
+	kept, until, err := victim.RecentPeerStates(ctx, time.Hour)
+	mustNil(t, err)
+	if got, want := statesString(kept), statesString(st); got != want || time.Until(until) < 50*time.Minute {
+		t.Errorf("RecentPeerStates within the hour (until %v) read again:\n%s\nwant the last read:\n%s", until, got, want)
+	}
 	// (GoBGP re-evaluates what a session sent within SetFilters' soft
 	// reset, so a new read of the table shows the rejection at once.)
-	st, err = victim.PeerStatesAfterLearned(ctx)
+	st, until, err = victim.RecentPeerStates(ctx, 0)
 	mustNil(t, err)
-	if st[0].Rejected != 1 || st[0].Accepted != 0 {
-		t.Errorf("after a filter change, PeerStatesAfterLearned counted in the table read before it:\n%s", statesString(st))
+	if st[0].Rejected != 1 || st[0].Accepted != 0 || !until.IsZero() {
+		t.Errorf("after a filter change, RecentPeerStates counted in the table read before it (until %v):\n%s", until, statesString(st))
 	}
+	// A session going down is never answered from an earlier read.
+	_, _, err = victim.RecentPeerStates(ctx, time.Hour)
+	mustNil(t, err)
+	mustNil(t, liar.Stop(ctx))
+	eventually(t, 20*time.Second, "the victim's states show the liar's session down", func() (bool, string) {
+		st, _, err := victim.RecentPeerStates(ctx, time.Hour)
+		return err == nil && len(st) == 2 && st[0].Established() && !st[1].Established(), statesString(st)
+	})
 }
 
 // statesString prints what PeerStates says of the sessions' routes.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
@@ -22,22 +23,43 @@ func (s *Speaker) PeerStates(ctx context.Context) ([]PeerState, error) {
 	return s.peerStatesOf(ctx, nil)
 }
 
-// PeerStatesAfterLearned is PeerStates for a caller that has just called
-// Learned: the sessions' routes are counted in the table Learned read,
-// rather than in a new read of GoBGP's whole table, when the speaker has
-// changed no filter and no session since. It is used once: another call
-// reads the table again. (A routing pass reads both; each read of the
-// table waits on GoBGP's one loop, which on a reflector is also the one
-// passing routes on. What changed in the table since Learned read it
-// brings another pass anyway.)
-func (s *Speaker) PeerStatesAfterLearned(ctx context.Context) ([]PeerState, error) {
+// RecentPeerStates is PeerStates for a caller that has just called
+// Learned, and needs the sessions' states up to date and their route
+// counts only nearly so (the routing pass: readiness and metrics).
+//
+// A read counts the sessions' routes in the table Learned read, rather
+// than in a new read of GoBGP's whole table, when the speaker has changed
+// no filter and no session since (once: another call reads the table
+// again). Each read of the table waits on GoBGP's one loop, which on a
+// reflector is also the one passing routes on.
+//
+// It does not read at all, but answers with what it read less
+// than maxAge ago while no session has gone up or down and no converge
+// has run since; only the counts of routes can then be behind. until is
+// when that answer stops being recent (the zero time after a fresh
+// read): a caller that publishes the counts reads again then. Reading
+// the states asks GoBGP to convert every session's configuration, and a
+// claim anywhere in the cluster brings every node two routing passes.
+func (s *Speaker) RecentPeerStates(ctx context.Context, maxAge time.Duration) (_ []PeerState, until time.Time, _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	gen := s.statesGen.Load()
+	if s.recent != nil && gen == s.recentGen && time.Since(s.recentAt) < maxAge {
+		s.lastRead = nil
+		return slices.Clone(s.recent), s.recentAt.Add(maxAge), nil
+	}
 	r := s.lastRead
 	if r != nil && s.lastReadAt != s.changed.Load() {
 		r = nil
 	}
-	return s.peerStatesOf(ctx, r)
+	at := time.Now()
+	states, err := s.peerStatesOf(ctx, r)
+	if err != nil {
+		s.recent = nil
+		return nil, time.Time{}, err
+	}
+	s.recent, s.recentAt, s.recentGen = slices.Clone(states), at, gen
+	return states, time.Time{}, nil
 }
 
 // peerStatesOf is PeerStates over the table r (nil: read it now). Called

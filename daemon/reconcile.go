@@ -95,6 +95,10 @@ type router struct {
 	lastProblems string
 	// lastLearned: what the last pass read from BGP (debug level only).
 	lastLearned map[netip.Prefix]bgp.LearnedRoute
+	// statesDue is when a pass that published the sessions' route
+	// counts from an earlier read (bgp.Speaker.RecentPeerStates) has
+	// another pass come, to publish them new.
+	statesDue time.Time
 	// applied is the state the last Apply programmed without an error,
 	// at appliedAt (nil after a failure).
 	applied          *routing.State
@@ -609,19 +613,35 @@ func (r *router) traceLearned(p *pass) {
 	r.lastLearned = now
 }
 
-// readStates reads the BGP sessions' states into p; afterLearned, from
-// the table the pass read its routes from when the speaker changed
-// nothing since (see bgp.Speaker.PeerStatesAfterLearned).
+// readStates reads the BGP sessions' states into p. A pass that has read
+// its routes (afterLearned) takes them from bgp.Speaker.RecentPeerStates:
+// the sessions' states current, their route counts (for the metrics) at
+// most statesMaxAge old, and when they were older, another pass comes
+// then to publish them new. A claim anywhere brings every node two passes
+// (its block, then its route), and reading the states afresh was most of
+// what each pass cost a node when nothing else changed.
 func (r *router) readStates(ctx context.Context, p *pass, afterLearned bool) {
 	var err error
-	read := r.speaker.PeerStates
-	if afterLearned {
-		read = r.speaker.PeerStatesAfterLearned
+	if !afterLearned {
+		if p.states, err = r.speaker.PeerStates(ctx); err != nil {
+			p.out.problem(true, "reading the BGP sessions: %v", err)
+		}
+		return
 	}
-	if p.states, err = read(ctx); err != nil {
+	var until time.Time
+	if p.states, until, err = r.speaker.RecentPeerStates(ctx, statesMaxAge); err != nil {
 		p.out.problem(true, "reading the BGP sessions: %v", err)
+		return
+	}
+	if !until.IsZero() && (r.statesDue.Before(time.Now()) || until.Before(r.statesDue)) {
+		r.statesDue = until
+		time.AfterFunc(time.Until(until), r.markDirty)
 	}
 }
+
+// statesMaxAge bounds how old the sessions' route counts a routing pass
+// publishes may be (see readStates).
+const statesMaxAge = time.Second
 
 // ownBlocks are the CIDRs of this node's live blocks.
 func (r *router) ownBlocks(snap *snapshot) []netip.Prefix {
