@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/bgp"
@@ -267,5 +268,44 @@ func TestBlockChanged(t *testing.T) {
 	next.Spec.Attributes[1].Node = "n2"
 	if !blockChanged(own, next) {
 		t.Errorf("an address n2 borrowed from n1's block counts as no change")
+	}
+}
+
+// TestSnapshotReuse: the caches are copied again after every change that
+// matters to routing and once the last copy is snapshotReuse old, and not
+// otherwise.
+func TestSnapshotReuse(t *testing.T) {
+	inf := func() cache.SharedIndexInformer {
+		return cache.NewSharedIndexInformer(&cache.ListWatch{}, &corev1.Node{}, 0, cache.Indexers{})
+	}
+	c := &caches{nodes: inf(), pools: inf(), blocks: inf(), configs: inf(), peers: inf(), filters: inf()}
+	add := func(name string) {
+		if err := c.nodes.GetStore().Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := func(s snapshot) string {
+		var out []string
+		for _, n := range s.nodes {
+			out = append(out, n.Name)
+		}
+		return strings.Join(out, " ")
+	}
+	add("b")
+	if got := names(c.snapshot()); got != "b" {
+		t.Fatalf("first snapshot: %q", got)
+	}
+	add("a") // a change the filters ignore: no count
+	if got := names(c.snapshot()); got != "b" {
+		t.Errorf("a snapshot without a counted change copied the caches again: %q", got)
+	}
+	c.gen.Add(1)
+	if got := names(c.snapshot()); got != "a b" {
+		t.Errorf("after a counted change: %q, want a b", got)
+	}
+	add("c")
+	c.lastAt = time.Now().Add(-snapshotReuse)
+	if got := names(c.snapshot()); got != "a b c" {
+		t.Errorf("a copy snapshotReuse old was reused: %q", got)
 	}
 }
