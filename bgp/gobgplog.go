@@ -126,8 +126,23 @@ func (g *gobgpLogger) Warn(msg string, fields gobgplog.Fields) {
 	g.emit(slog.LevelWarn, msg, fields)
 }
 
+// routine are GoBGP's info messages for what the speaker asks of it on
+// every change of its route filters: with a claim anywhere in the cluster
+// each node logged one per session (29 lines on a 30-node mesh, every
+// node), and writing them was a cost of its own. They are debug lines.
+var routine = map[string]bool{
+	"call set policy":         true,
+	"Neighbor soft reset in":  true,
+	"Neighbor soft reset out": true,
+	"Neighbor soft reset":     true,
+}
+
 func (g *gobgpLogger) Info(msg string, fields gobgplog.Fields) {
-	g.emit(slog.LevelInfo, msg, fields)
+	level := slog.LevelInfo
+	if routine[msg] {
+		level = slog.LevelDebug
+	}
+	g.emit(level, msg, fields)
 }
 
 func (g *gobgpLogger) Debug(msg string, fields gobgplog.Fields) {
