@@ -84,7 +84,9 @@ func (s *Speaker) installPolicies(ctx context.Context) error {
 // rather than the whole table sent again to every session: on a route
 // reflector with 29 clients that resend was most of a claim's cost.
 // Called with s.mu held.
-func (s *Speaker) syncPolicies(ctx context.Context) error {
+func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
+	s.policySynced = false
+	defer func() { s.policySynced = err == nil }()
 	peers := make([]Peer, 0, len(s.sessions))
 	for _, ss := range s.sessions {
 		peers = append(peers, ss.peer)

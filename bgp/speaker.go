@@ -102,7 +102,10 @@ type Speaker struct {
 	held     map[string]heldRoutes       // routes of sessions this speaker reset, by Peer.Key
 	filters  *Filters                    // see SetFilters
 	policy   *api.SetPoliciesRequest     // the GoBGP policies in force
-	lastErr  error                       // of the last converge
+	// policySynced: the last syncPolicies applied filters to every
+	// session without an error.
+	policySynced bool
+	lastErr      error // of the last converge
 	// converged: the last converge for desired succeeded; SetPeers with
 	// the same desired and nothing pending has nothing to do.
 	converged bool
@@ -233,6 +236,12 @@ func (s *Speaker) SetPeers(ctx context.Context, desired []Peer) error {
 func (s *Speaker) SetFilters(ctx context.Context, f *Filters) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if f == s.filters && s.policySynced {
+		// The filters in force, applied: compiling and comparing the
+		// policies again would find nothing to do. (A change of
+		// sessions re-applies them in converge.)
+		return nil
+	}
 	s.filters = f
 	return s.syncPolicies(ctx)
 }

@@ -95,6 +95,8 @@ type router struct {
 	lastProblems string
 	// lastLearned: what the last pass read from BGP (debug level only).
 	lastLearned map[netip.Prefix]bgp.LearnedRoute
+	// plan is what the last planSessions computed (see reusablePlan).
+	plan *plan
 	// statesDue is when a pass that published the sessions' route
 	// counts from an earlier read (bgp.Speaker.RecentPeerStates) has
 	// another pass come, to publish them new.
@@ -391,6 +393,20 @@ func (r *router) startSpeaker(ctx context.Context, p *pass) error {
 // filters, computed (configureSessions hands them to the speaker).
 func (r *router) planSessions(ctx context.Context, p *pass) {
 	snap, out := &p.snap, &p.out
+	if reusablePlan(r.plan, snap, p.selfBGP) {
+		// The same inputs as the last pass's plan: the same objects,
+		// which SetFilters and SetPeers find they have already.
+		p.nodes, p.peers, p.desired, p.filters = r.plan.nodes, r.plan.peers, r.plan.desired, r.plan.filters
+		for _, pr := range r.plan.problems {
+			out.problem(false, "%s", pr)
+		}
+		return
+	}
+	before := len(out.problems)
+	defer func() {
+		r.plan = &plan{snap: snap.id, self: p.selfBGP, nodes: p.nodes, peers: p.peers, desired: p.desired, filters: p.filters,
+			problems: slices.Clone(out.problems[before:])}
+	}()
 	p.nodes = make([]bgp.Node, 0, len(snap.nodes))
 	p.peers = make([]routing.NodeInfo, 0, len(snap.nodes))
 	for i := range snap.nodes {
@@ -424,6 +440,35 @@ func (r *router) planSessions(ctx context.Context, p *pass) {
 	for _, err := range errs {
 		out.problem(false, "%v", err)
 	}
+}
+
+// plan is what planSessions computed from a snapshot and this node's BGP
+// identity.
+type plan struct {
+	snap     uint64 // snapshot.id
+	self     bgp.Node
+	nodes    []bgp.Node
+	peers    []routing.NodeInfo
+	desired  []bgp.Peer
+	filters  *bgp.Filters
+	problems []string // what it reported (none asks for a retry)
+}
+
+// reusablePlan says whether last, the plan of an earlier pass, is what
+// planSessions would compute from snap for self: it was computed from the
+// same snapshot (a pass BGP asked for, see caches.snapshot) for the same
+// identity, and no password is configured (passwords are read from their
+// Secrets, not from the snapshot). Half the passes are of that kind, and
+// recomputing the filters made the speaker compile and compare its GoBGP
+// policies again for nothing.
+func reusablePlan(last *plan, snap *snapshot, self bgp.Node) bool {
+	if last == nil || last.snap != snap.id || snap.config.NodeMeshPassword != nil {
+		return false
+	}
+	if slices.ContainsFunc(snap.peers, func(bp tabbyv1.BGPPeer) bool { return bp.Spec.Password != nil }) {
+		return false
+	}
+	return reflect.DeepEqual(last.self, self)
 }
 
 // configureSessions is step 5: the speaker gets the sessions and route

@@ -309,3 +309,36 @@ func TestSnapshotReuse(t *testing.T) {
 		t.Errorf("a copy snapshotReuse old was reused: %q", got)
 	}
 }
+
+// TestReusablePlan: a pass reuses the last plan only for the same
+// snapshot and identity, and never with a password to read.
+func TestReusablePlan(t *testing.T) {
+	self := bgp.Node{Name: "n1", IPv4: netip.MustParsePrefix("10.0.0.1/24"), Labels: map[string]string{"a": "b"}}
+	last := &plan{snap: 3, self: self}
+	snap := &snapshot{id: 3}
+	relabelled := self
+	relabelled.Labels = map[string]string{"a": "c"}
+	moved := self
+	moved.IPv4 = netip.MustParsePrefix("10.0.0.2/24")
+	withPeerPassword := &snapshot{id: 3, peers: []tabbyv1.BGPPeer{{Spec: tabbyv1.BGPPeerSpec{Password: &tabbyv1.SecretKeyRef{Name: "s", Key: "k"}}}}}
+	withMeshPassword := &snapshot{id: 3, config: tabbyv1.BGPConfigurationSpec{NodeMeshPassword: &tabbyv1.SecretKeyRef{Name: "s", Key: "k"}}}
+	for _, c := range []struct {
+		name string
+		last *plan
+		snap *snapshot
+		self bgp.Node
+		want bool
+	}{
+		{"same snapshot, same identity", last, snap, self, true},
+		{"no plan yet", nil, snap, self, false},
+		{"another snapshot", last, &snapshot{id: 4}, self, false},
+		{"relabelled", last, snap, relabelled, false},
+		{"another address", last, snap, moved, false},
+		{"a BGPPeer's password", last, withPeerPassword, self, false},
+		{"the mesh password", last, withMeshPassword, self, false},
+	} {
+		if got := reusablePlan(c.last, c.snap, c.self); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

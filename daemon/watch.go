@@ -102,6 +102,7 @@ type caches struct {
 	last    *snapshot
 	lastGen uint64
 	lastAt  time.Time
+	copies  uint64 // snapshots copied (snapshot.id)
 }
 
 // snapshotReuse bounds how long snapshot answers with an earlier copy of
@@ -171,6 +172,8 @@ func compareNames(a, b any) int {
 
 // snapshot is one consistent-enough read of the caches.
 type snapshot struct {
+	// id tells copies apart: passes given the same copy share its id.
+	id      uint64
 	nodes   []corev1.Node
 	pools   []tabbyv1.IPPool
 	blocks  []tabbyv1.IPAMBlock
@@ -190,7 +193,9 @@ func (c *caches) snapshot() snapshot {
 	if c.last != nil && gen == c.lastGen && time.Since(c.lastAt) < snapshotReuse {
 		return *c.last
 	}
+	c.copies++
 	s := c.copyAll()
+	s.id = c.copies
 	c.last, c.lastGen, c.lastAt = &s, gen, time.Now()
 	return s
 }
