@@ -97,7 +97,7 @@ func newRoutingMetrics(reg prometheus.Registerer) *routingMetrics {
 	}
 	m.rejected = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "tabby_bgp_rejected_routes",
-		Help: "Routes a BGP peer currently sends that the route filters reject, by peer address and session type.",
+		Help: "Routes a BGP peer currently sends that the route filters reject, by peer address and session type (counted at most once a second).",
 	}, []string{"peer", "type"})
 	m.limitTrips = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tabby_bgp_prefix_limit_exceeded_total",
