@@ -115,7 +115,7 @@ func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
 			keys = append(keys, key)
 		}
 	}
-	up, err := s.establishedKeys(ctx, keys, len(keys) == len(s.sessions))
+	up, err := s.establishedKeys(ctx, keys)
 	if err != nil {
 		return fmt.Errorf("re-applying the route filters: %w", err)
 	}

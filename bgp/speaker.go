@@ -437,16 +437,17 @@ func (s *Speaker) established(ctx context.Context, key string) bool {
 }
 
 // establishedKeys says which of the sessions keys GoBGP has up: in one
-// read of every session when all is set (keys are all of them), else one
-// read per key (GoBGP converts only the sessions a read asks for).
-func (s *Speaker) establishedKeys(ctx context.Context, keys []string, all bool) (map[string]bool, error) {
+// read of every session when keys are all of them, else one read per key
+// (GoBGP converts only the sessions a read asks for). Called with s.mu
+// held.
+func (s *Speaker) establishedKeys(ctx context.Context, keys []string) (map[string]bool, error) {
 	up := map[string]bool{}
 	mark := func(p *api.Peer) {
 		if p.GetState().GetSessionState() == api.PeerState_ESTABLISHED {
 			up[p.GetConf().GetNeighborAddress()] = true
 		}
 	}
-	if all {
+	if len(keys) == len(s.sessions) {
 		return up, s.srv.ListPeer(ctx, &api.ListPeerRequest{}, mark)
 	}
 	for _, key := range keys {
