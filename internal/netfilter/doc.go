@@ -9,9 +9,10 @@
 //     internal/iptbackend chose: Tx transactions applied with one
 //     `iptables-restore --noflush`, tables read with iptables-save, single
 //     chains listed with `iptables -S`.
-//   - IPSets drives the ipset program: batches applied with one
-//     `ipset restore` (a few member changes over netlink), sets read with
-//     `ipset save`.
+//   - IPSets drives the kernel's ipsets: batches applied over netlink, a
+//     request per run of one set's members, or with one `ipset restore`
+//     when netlink cannot carry them or the kernel refused them; sets read
+//     with `ipset save`.
 //   - A failed restore quotes the input line the program named, so an error
 //     says which rule or member the kernel refused.
 //   - Ownership is by name: a caller owns the chains and sets that carry

@@ -8,19 +8,22 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
-// IPSets drives the ipset program. It is the one mechanism for sets, for
+// IPSets drives the kernel's ipsets. It is the one mechanism for sets, for
 // NAT's few members as for NetworkPolicy's hundred thousand: a batch of
-// any size is one `ipset restore`, applied line by line in order, and its
-// errors name the line (and so the member) the kernel refused. A batch of
-// a few member changes of sets whose type the caller told (SetBatch.Typed)
-// goes over netlink instead (Apply).
+// any size is applied in order, over netlink when it can be, and with one
+// `ipset restore` otherwise, whose errors name the line (and so the
+// member) the kernel refused (Apply). Sets are read with the ipset
+// program.
 type IPSets struct {
 	path string
-	// NoNetlink sends every batch through the ipset program, even a few
-	// member changes (Apply).
+	// NoNetlink sends every batch through the ipset program (Apply).
 	NoNetlink bool
+	// revs remembers the kernel's newest revision of each set type, by
+	// "type family" (revision).
+	revs *sync.Map
 }
 
 // NewIPSets uses the ipset program at path ("": found in $PATH).
@@ -32,7 +35,7 @@ func NewIPSets(path string) (*IPSets, error) {
 		}
 		path = p
 	}
-	return &IPSets{path: path}, nil
+	return &IPSets{path: path, revs: &sync.Map{}}, nil
 }
 
 // Set is one set as `ipset save` prints it.
@@ -43,19 +46,24 @@ type Set struct {
 	Members map[string]bool
 }
 
-// Apply runs batch with one `ipset restore`; with exist, adding a member
-// that is there (which also updates its nomatch flag), deleting one that
-// is not and creating a set that exists with the same options are not
-// errors. An empty batch runs nothing. A batch of a few member changes
-// (at most NetlinkMax, none nomatch, of sets whose type it was told) goes
-// over netlink instead, in the namespace of the calling thread as ipset
-// would: a label change costs microseconds, not a process.
+// Apply applies batch in order; with exist, adding a member that is there
+// (which also updates its nomatch flag), deleting one that is not and
+// creating a set that exists with the same options are not errors. An
+// empty batch runs nothing.
+//
+// An exist batch of creates, adds and deletes of members netlink carries
+// (sets of the types tabby uses, told with Typed or created in the batch)
+// goes over netlink, in the namespace of the calling thread as ipset
+// would, with no program started (applyNetlink). Anything else, and a
+// batch the kernel refused some of over netlink, runs as one `ipset
+// restore`: replaying an exist batch is harmless, and restore's error
+// names the line it stopped at.
 func (s *IPSets) Apply(ctx context.Context, batch *SetBatch, exist bool) error {
 	if batch.Empty() {
 		return nil
 	}
-	if !s.NoNetlink {
-		if done, err := s.applyNetlink(ctx, batch, exist); done {
+	if !s.NoNetlink && exist {
+		if err := s.applyNetlink(ctx, batch); err == nil || ctx.Err() != nil {
 			return err
 		}
 	}
@@ -183,17 +191,24 @@ func ParseIPSetSave(save, prefix string) (map[string]*Set, error) {
 	return sets, nil
 }
 
-// SetBatch is the input of one `ipset restore`.
+// SetBatch is a list of ipset commands, applied in order by Apply: as
+// one `ipset restore` input (String), or as netlink requests.
 type SetBatch struct {
-	n int
-	b strings.Builder
-	// ops are the member changes, for netlink, while there are at most
-	// NetlinkMax; other says the batch holds something else (a create, a
-	// destroy, a nomatch member), which only restore carries.
-	ops   []memberOp
-	other bool
-	// types are the set types Typed told.
+	lines []setLine
+	// types are the set types Typed told, and those of the sets the
+	// batch creates.
 	types map[string]string
+}
+
+// setLine is one command of a batch.
+type setLine struct {
+	verb    string // create, add, del, destroy
+	set     string
+	member  string // add, del: as `ipset save` prints it
+	nomatch bool
+	// create: the type, the family and the options as given.
+	typ, family string
+	options     []string
 }
 
 // Typed tells the batch the type of set name (hash:ip …): members of sets
@@ -205,96 +220,87 @@ func (b *SetBatch) Typed(name, typ string) {
 	b.types[name] = typ
 }
 
-func (b *SetBatch) words(w ...string) {
-	b.b.WriteString(strings.Join(w, " "))
-	b.b.WriteByte('\n')
-	b.n++
-	b.other = true
-}
-
-// op records a member change for netlink.
-func (b *SetBatch) op(del bool, name, member string, nomatch bool) {
-	if nomatch || b.other || len(b.ops) >= NetlinkMax {
-		b.other = true
-		b.ops = nil
-		return
-	}
-	b.ops = append(b.ops, memberOp{del: del, set: name, member: member})
-}
-
 // Create creates set name of type typ and family (inet, inet6); options
 // follow as given (hashsize 64 maxelem 1048576 …).
 func (b *SetBatch) Create(name, typ, family string, options ...string) {
-	b.words(append([]string{"create", name, typ, "family", family}, options...)...)
+	b.lines = append(b.lines, setLine{verb: "create", set: name, typ: typ, family: family, options: options})
+	b.Typed(name, typ)
 }
 
 // Add adds member (as `ipset save` prints it) to set name.
-// It writes straight into the batch: a policy sync adds up to a million.
 func (b *SetBatch) Add(name, member string, nomatch bool) {
-	b.op(false, name, member, nomatch)
-	b.member("add ", name, member)
-	if nomatch {
-		b.b.WriteString(" nomatch")
-	}
-	b.b.WriteByte('\n')
+	b.lines = append(b.lines, setLine{verb: "add", set: name, member: member, nomatch: nomatch})
 }
 
 // Del deletes member from set name.
 func (b *SetBatch) Del(name, member string) {
-	b.op(true, name, member, false)
-	b.member("del ", name, member)
-	b.b.WriteByte('\n')
+	b.lines = append(b.lines, setLine{verb: "del", set: name, member: member})
 }
 
-func (b *SetBatch) member(verb, name, member string) {
-	b.b.WriteString(verb)
-	b.b.WriteString(name)
-	b.b.WriteByte(' ')
-	b.n++
-	// A hash:ip,port member's protocol goes by number: ipset looks a
-	// name up with getprotobyname, which reads /etc/protocols again for
-	// every line (restoring 10,000 "ip,tcp:port" members took about
-	// twice as long as with "ip,6:port"). ipset save prints the name
-	// either way. An interface name cannot hold ':', so "ip,iface" and
-	// "ip,physdev:iface" members are left alone.
+// Destroy destroys set name.
+func (b *SetBatch) Destroy(name string) {
+	b.lines = append(b.lines, setLine{verb: "destroy", set: name})
+}
+
+// Append adds o's commands after b's.
+func (b *SetBatch) Append(o *SetBatch) {
+	b.lines = append(b.lines, o.lines...)
+	for name, typ := range o.types {
+		b.Typed(name, typ)
+	}
+}
+
+// Empty says the batch has no command.
+func (b *SetBatch) Empty() bool { return len(b.lines) == 0 }
+
+// String is the restore input, a line a command. A policy sync adds up to
+// a million members, so it writes straight into one builder.
+func (b *SetBatch) String() string {
+	var w strings.Builder
+	for _, l := range b.lines {
+		switch l.verb {
+		case "create":
+			w.WriteString(strings.Join(append([]string{"create", l.set, l.typ, "family", l.family}, l.options...), " "))
+		case "add", "del":
+			w.WriteString(l.verb)
+			w.WriteByte(' ')
+			w.WriteString(l.set)
+			w.WriteByte(' ')
+			writeMember(&w, l.member)
+			if l.nomatch {
+				w.WriteString(" nomatch")
+			}
+		default:
+			w.WriteString(l.verb + " " + l.set)
+		}
+		w.WriteByte('\n')
+	}
+	return w.String()
+}
+
+// writeMember writes member as restore takes it best. A hash:ip,port
+// member's protocol goes by number: ipset looks a name up with
+// getprotobyname, which reads /etc/protocols again for every line
+// (restoring 10,000 "ip,tcp:port" members took about twice as long as
+// with "ip,6:port"). ipset save prints the name either way. An interface
+// name cannot hold ':', so "ip,iface" and "ip,physdev:iface" members are
+// left alone.
+func writeMember(w *strings.Builder, member string) {
 	if addr, rest, ok := strings.Cut(member, ","); ok {
 		if proto, port, ok := strings.Cut(rest, ":"); ok {
 			if n, ok := protoNumbers[proto]; ok {
-				b.b.WriteString(addr)
-				b.b.WriteByte(',')
-				b.b.WriteString(strconv.Itoa(int(n)))
-				b.b.WriteByte(':')
-				b.b.WriteString(port)
+				w.WriteString(addr)
+				w.WriteByte(',')
+				w.WriteString(strconv.Itoa(int(n)))
+				w.WriteByte(':')
+				w.WriteString(port)
 				return
 			}
 		}
 	}
-	b.b.WriteString(member)
+	w.WriteString(member)
 }
 
 // protoNumbers are the protocol numbers of the names a hash:ip,port
 // member carries ("10.0.0.1,tcp:80").
 var protoNumbers = map[string]uint8{"tcp": 6, "udp": 17, "sctp": 132}
-
-// Destroy destroys set name.
-func (b *SetBatch) Destroy(name string) { b.words("destroy", name) }
-
-// Append adds o's lines after b's.
-func (b *SetBatch) Append(o *SetBatch) {
-	b.b.WriteString(o.b.String())
-	b.n += o.n
-	for name, typ := range o.types {
-		b.Typed(name, typ)
-	}
-	if b.other || o.other || len(b.ops)+len(o.ops) > NetlinkMax {
-		b.other, b.ops = true, nil
-		return
-	}
-	b.ops = append(b.ops, o.ops...)
-}
-
-// Empty says the batch has no line.
-func (b *SetBatch) Empty() bool { return b.n == 0 }
-
-// String is the restore input.
-func (b *SetBatch) String() string { return b.b.String() }

@@ -2,7 +2,11 @@ package netfilter_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -12,13 +16,12 @@ import (
 	"github.com/tabbynet/tabby/internal/tier"
 )
 
-// TestIPSetNetlink: the same member changes of every set type tabby uses,
-// once through netlink and once through `ipset restore` (NoNetlink), in
-// two sets each, leave the two sets with the same members as ipset save
-// prints them; with exist, adding a member that is there and deleting one
-// that is not are not errors; without, they are; a nomatch member goes
-// through restore (netlink cannot carry the flag), and so does a batch
-// with more than NetlinkMax changes.
+// TestIPSetNetlink: the same creates, and then the same member changes,
+// of every set type tabby uses, in both families, once over netlink and
+// once through `ipset restore` (NoNetlink), leave the same sets with the
+// same members as ipset save prints them; adding a member that is there
+// and deleting one that is not are not errors; a nomatch member arrives as
+// one; a batch larger than one request and one write arrives whole.
 func TestIPSetNetlink(t *testing.T) {
 	n := newNS(t)
 	ctx := context.Background()
@@ -28,6 +31,12 @@ func TestIPSetNetlink(t *testing.T) {
 	}
 	rs := *nl
 	rs.NoNetlink = true
+	// The netlink side goes over netlink alone: Apply would fall back to
+	// restore on an error and hide it.
+	via := map[string]func(*netfilter.SetBatch) error{
+		"nl": func(b *netfilter.SetBatch) error { return nl.ApplyNetlink(ctx, b) },
+		"rs": func(b *netfilter.SetBatch) error { return rs.Apply(ctx, b, true) },
+	}
 	types := map[string]string{"ip": "hash:ip", "net": "hash:net", "ipport": "hash:ip,port", "iface": "hash:net,iface"}
 	members := map[string][]string{
 		"ip":     {"10.0.0.1", "10.0.0.2"},
@@ -35,18 +44,47 @@ func TestIPSetNetlink(t *testing.T) {
 		"ipport": {"10.0.0.1,tcp:80", "10.0.0.2,udp:53", "10.0.0.3,sctp:9000"},
 		"iface":  {"10.0.0.1,tab0123456789a", "10.3.0.0/24,tab0123456789b"},
 	}
-	var create netfilter.SetBatch
-	for _, via := range []string{"nl", "rs"} {
-		for k, typ := range types {
-			create.Create("t-"+via+"-"+k, typ, "inet")
-			create.Create("t-"+via+"-"+k+"6", typ, "inet6")
+	// Both sides' sets, named t-nl-… and t-rs-…, as ipset save prints
+	// them with the restore side's names, and the netlink side's names
+	// (sets are created with a random hash seed, initval, left out).
+	saved := func() (nlSide, rsSide []string) {
+		for _, l := range strings.Split(sh(t, n, "ipset", "save"), "\n") {
+			l, _, _ = strings.Cut(l, " initval ")
+			if r, ok := strings.CutPrefix(l, "add t-rs-"); ok {
+				rsSide = append(rsSide, "add t-nl-"+r)
+			} else if r, ok := strings.CutPrefix(l, "create t-rs-"); ok {
+				rsSide = append(rsSide, "create t-nl-"+r)
+			} else if strings.HasPrefix(l, "add t-nl-") || strings.HasPrefix(l, "create t-nl-") {
+				nlSide = append(nlSide, l)
+			}
 		}
+		slices.Sort(nlSide)
+		slices.Sort(rsSide)
+		return nlSide, rsSide
 	}
-	in(t, n, func() error { return rs.Apply(ctx, &create, false) })
-	batch := func(via string, del bool) *netfilter.SetBatch {
+	same := func(step string) []string {
+		a, b := saved()
+		if !slices.Equal(a, b) {
+			t.Errorf("%s: netlink and restore differ:\nnetlink:\n%s\nrestore:\n%s", step, strings.Join(a, "\n"), strings.Join(b, "\n"))
+		}
+		return a
+	}
+	for side, apply := range via {
+		var create netfilter.SetBatch
+		for k, typ := range types {
+			create.Create("t-"+side+"-"+k, typ, "inet", "hashsize", "64", "maxelem", "1048576")
+			create.Create("t-"+side+"-"+k+"6", typ, "inet6")
+		}
+		in(t, n, func() error { return apply(&create) })
+		in(t, n, func() error { return apply(&create) }) // again: not an error with exist
+	}
+	if got := same("create"); len(got) != 8 {
+		t.Errorf("create: %d sets, want 8: %q", len(got), got)
+	}
+	batch := func(side string, del bool) *netfilter.SetBatch {
 		var b netfilter.SetBatch
 		for k, ms := range members {
-			name := "t-" + via + "-" + k
+			name := "t-" + side + "-" + k
 			b.Typed(name, types[k])
 			for _, m := range ms {
 				if del {
@@ -56,57 +94,101 @@ func TestIPSetNetlink(t *testing.T) {
 				}
 			}
 		}
-		b.Typed("t-"+via+"-ip6", "hash:ip")
-		if del {
-			b.Del("t-"+via+"-ip6", "fd00::1")
-		} else {
-			b.Add("t-"+via+"-ip6", "fd00::1", false)
+		for k, m := range map[string]string{"ip6": "fd00::1", "net6": "fd00:1::/64", "ipport6": "fd00::1,tcp:443", "iface6": "fd00::2,tab0123456789a"} {
+			name := "t-" + side + "-" + k
+			b.Typed(name, types[strings.TrimSuffix(k, "6")])
+			if del {
+				b.Del(name, m)
+			} else {
+				b.Add(name, m, false)
+			}
 		}
 		return &b
 	}
 	for _, step := range []struct {
-		name  string
-		del   bool
-		exist bool
-	}{{"add", false, false}, {"add again", false, true}, {"del", true, false}, {"del again", true, true}, {"add back", false, false}} {
-		in(t, n, func() error {
-			if err := nl.Apply(ctx, batch("nl", step.del), step.exist); err != nil {
-				return err
-			}
-			return rs.Apply(ctx, batch("rs", step.del), step.exist)
-		})
-		save := strings.ReplaceAll(sh(t, n, "ipset", "save"), "t-rs-", "t-nl-")
-		lines := strings.Split(save, "\n")
-		want := map[string]int{}
-		for _, l := range lines {
-			if strings.HasPrefix(l, "add ") {
-				want[l]++
-			}
+		name string
+		del  bool
+	}{{"add", false}, {"add again", false}, {"del", true}, {"del again", true}, {"add back", false}} {
+		for side, apply := range via {
+			in(t, n, func() error { return apply(batch(side, step.del)) })
 		}
-		for l, c := range want {
-			if c != 2 {
-				t.Errorf("%s: %q is in one set only: netlink and restore differ", step.name, l)
-			}
-		}
-		if !step.del && len(want) != 10 {
-			t.Errorf("%s: %d members, want 10:\n%s", step.name, len(want), save)
+		if got := same(step.name); !step.del && len(got) != 8+13 {
+			t.Errorf("%s: %d lines, want 8 sets and 13 members:\n%s", step.name, len(got), strings.Join(got, "\n"))
 		}
 	}
-	// Without exist, a second add is refused, over netlink as by restore.
+	// A nomatch member, and a member going from match to nomatch in place.
+	for side, apply := range via {
+		var b netfilter.SetBatch
+		b.Typed("t-"+side+"-net", "hash:net")
+		b.Add("t-"+side+"-net", "10.1.2.0/24", true)
+		b.Add("t-"+side+"-net", "10.1.0.0/16", true)
+		in(t, n, func() error { return apply(&b) })
+	}
+	if got := same("nomatch"); !slices.Contains(got, "add t-nl-net 10.1.2.0/24 nomatch") || !slices.Contains(got, "add t-nl-net 10.1.0.0/16 nomatch") {
+		t.Errorf("the nomatch members did not arrive as such:\n%s", strings.Join(got, "\n"))
+	}
+	// Larger than a request (adtMaxBytes) and than a write: new sets
+	// filled, then half their members moved from one set to the next.
+	for side, apply := range via {
+		var b netfilter.SetBatch
+		for k := range 3 {
+			name := fmt.Sprintf("t-%s-big%d", side, k)
+			b.Create(name, "hash:net,iface", "inet", "hashsize", "4096", "maxelem", "1048576")
+			for i := range 6000 {
+				b.Add(name, fmt.Sprintf("10.%d.%d.%d,tab%011d", k, i>>8, i&255, i), false)
+			}
+		}
+		for k := range 3 {
+			from, to := fmt.Sprintf("t-%s-big%d", side, k), fmt.Sprintf("t-%s-big%d", side, (k+1)%3)
+			for i := 0; i < 6000; i += 2 {
+				m := fmt.Sprintf("10.%d.%d.%d,tab%011d", k, i>>8, i&255, i)
+				b.Add(to, m, false)
+				b.Del(from, m)
+			}
+		}
+		in(t, n, func() error { return apply(&b) })
+	}
+	if got := same("big"); len(got) != 8+13+1+3+18000 {
+		t.Errorf("big: %d lines, want %d", len(got), 8+13+1+3+18000)
+	}
+}
+
+// TestIPSetNetlinkRefused: a request the kernel refuses fails the netlink
+// path with an error naming it, and the deletions after it are not sent,
+// so a member moving between sets stays in the one it had; Apply then
+// runs the batch through restore, whose error quotes the line.
+func TestIPSetNetlinkRefused(t *testing.T) {
+	n := newNS(t)
+	ctx := context.Background()
+	s, err := netfilter.NewIPSets("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, n, "ipset", "create", "t-from", "hash:ip")
+	sh(t, n, "ipset", "add", "t-from", "10.0.0.1")
+	var b netfilter.SetBatch
+	b.Typed("t-missing", "hash:ip")
+	b.Typed("t-from", "hash:ip")
+	b.Add("t-missing", "10.0.0.1", false)
+	b.Del("t-from", "10.0.0.1")
 	in(t, n, func() error {
-		if err := nl.Apply(ctx, batch("nl", false), false); err == nil {
-			t.Error("adding members that are there without exist: no error")
+		err := s.ApplyNetlink(ctx, &b)
+		if !errors.Is(err, syscall.ENOENT) || !strings.Contains(err.Error(), "t-missing") {
+			return fmt.Errorf("adding to a missing set over netlink: %v; want ENOENT, naming the set", err)
+		}
+		t.Logf("refused over netlink, as it should be: %v", err)
+		return nil
+	})
+	if got := sh(t, n, "ipset", "save", "t-from"); !strings.Contains(got, "add t-from 10.0.0.1") {
+		t.Errorf("the deletion after the refused add was sent:\n%s", got)
+	}
+	in(t, n, func() error {
+		err := s.Apply(ctx, &b, true)
+		if err == nil || !strings.Contains(err.Error(), "(the line: add t-missing 10.0.0.1)") {
+			return fmt.Errorf("Apply of the same batch: %v; want restore's error quoting the line", err)
 		}
 		return nil
 	})
-	// A nomatch member is not lost on the way.
-	var b netfilter.SetBatch
-	b.Typed("t-nl-net", "hash:net")
-	b.Add("t-nl-net", "10.1.2.0/24", true)
-	in(t, n, func() error { return nl.Apply(ctx, &b, true) })
-	if save := sh(t, n, "ipset", "save", "t-nl-net"); !strings.Contains(save, "add t-nl-net 10.1.2.0/24 nomatch") {
-		t.Errorf("the nomatch member did not arrive as one:\n%s", save)
-	}
 }
 
 // BenchmarkIPSetMove: a pod's address leaving one set for another (one

@@ -13,7 +13,7 @@
 // The applier remembers what it last put in the kernel, so an Apply whose
 // chains did not change runs no iptables command at all, a set listed as
 // before is neither parsed nor compared again, and a pod label change
-// costs a few netlink messages (or one `ipset restore`). It re-reads the kernel (iptables-save,
+// costs a few netlink messages. It re-reads the kernel (iptables-save,
 // ipset save) every Options.ResyncPeriod and after any error, so what was
 // changed behind its back is repaired.
 package apply
@@ -56,8 +56,9 @@ type Options struct {
 	// IPSet is the ipset binary; "": looked up in $PATH.
 	IPSet string
 	// IPSetNoNetlink makes every set change run the ipset binary; by
-	// default a change of a few members goes over netlink, which is
-	// about a hundred times faster than starting ipset.
+	// default set changes go over netlink: a few members a hundred times
+	// faster than starting ipset, a full sync's thousands of sets without
+	// ipset's own search of them by name for every line.
 	IPSetNoNetlink bool
 	// LockWait is how many seconds iptables waits for the xtables lock;
 	// 0 means 10.
@@ -143,7 +144,7 @@ type Stats struct {
 	// failed and the sync was redone after reading the kernel.
 	KernelRead, Retried bool
 
-	// Durations of the phases: reading the kernel, the ipset restore,
+	// Durations of the phases: reading the kernel, the set changes,
 	// writing and reading back chains, the jumps, removing stale chains
 	// and sets; and of the whole Apply (validation included).
 	ReadTime, SetsTime, ChainsTime, JumpsTime, StaleTime, Total time.Duration
