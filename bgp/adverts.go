@@ -145,14 +145,14 @@ func (a *advertBuilder) block(b *v1.IPAMBlock) {
 		a.add(p, AdvertBlock)
 		return
 	}
-	for ord, idx := range b.Spec.Allocations {
-		if idx < 0 || idx >= len(b.Spec.Attributes) || b.Spec.Attributes[idx].Node != a.in.Node {
-			continue
+	Borrowed(b, func(ord int, node string) {
+		if node != a.in.Node {
+			return
 		}
 		if addr, ok := nthAddr(p, ord); ok {
 			a.add(netip.PrefixFrom(addr, addr.BitLen()), AdvertBorrowed)
 		}
-	}
+	})
 }
 
 // nthAddr is the ord-th address of p.

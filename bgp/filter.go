@@ -212,19 +212,31 @@ func (f *Filters) addBlock(b *v1.IPAMBlock, addrsOf map[string][]netip.Addr, own
 		f.blockOwner[p] = addrsOf[node]
 		owned[node] = append(owned[node], ownedPrefix{prefix: p, block: true})
 	}
-	affine, _ := hostAffinity(b.Spec.Affinity)
-	for ord, idx := range b.Spec.Allocations {
-		if idx < 0 || idx >= len(b.Spec.Attributes) {
-			continue
-		}
-		node := b.Spec.Attributes[idx].Node
-		if node == "" || node == affine || len(addrsOf[node]) == 0 {
-			continue
+	Borrowed(b, func(ord int, node string) {
+		if len(addrsOf[node]) == 0 {
+			return
 		}
 		if a, ok := nthAddr(p, ord); ok {
 			host := netip.PrefixFrom(a, a.BitLen())
 			f.borrowedOwner[host] = append(f.borrowedOwner[host], addrsOf[node]...)
 			owned[node] = append(owned[node], ownedPrefix{prefix: host})
+		}
+	})
+}
+
+// Borrowed calls f, in order, with each allocation of b (its ordinal in
+// the block) that a node other than b's affine node holds, and that node:
+// the addresses routed on their own, apart from their block. It is the
+// one reading of a block's allocations that the filters, the
+// advertisements and the routing loop's test for block updates share.
+func Borrowed(b *v1.IPAMBlock, f func(ord int, node string)) {
+	affine, _ := hostAffinity(b.Spec.Affinity)
+	for ord, idx := range b.Spec.Allocations {
+		if idx < 0 || idx >= len(b.Spec.Attributes) {
+			continue
+		}
+		if node := b.Spec.Attributes[idx].Node; node != "" && node != affine {
+			f(ord, node)
 		}
 	}
 }

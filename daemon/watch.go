@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -69,21 +69,10 @@ func blockChanged(old, new any) bool {
 
 // borrowed lists the allocations of b held by a node that is not its
 // affine node, as ordinal=node: what bgp.Filters and bgp.Advertisements
-// read of a block's allocations.
+// read of a block's allocations (bgp.Borrowed).
 func borrowed(b *tabbyv1.IPAMBlock) []string {
-	affine, ok := strings.CutPrefix(b.Spec.Affinity, "host:")
-	if !ok {
-		affine = ""
-	}
 	var out []string
-	for ord, idx := range b.Spec.Allocations {
-		if idx < 0 || idx >= len(b.Spec.Attributes) {
-			continue
-		}
-		if n := b.Spec.Attributes[idx].Node; n != "" && n != affine {
-			out = append(out, strconv.Itoa(ord)+"="+n)
-		}
-	}
+	bgp.Borrowed(b, func(ord int, node string) { out = append(out, strconv.Itoa(ord)+"="+node) })
 	return out
 }
 
