@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -255,6 +256,29 @@ func TestPolicyPartsOfAChange(t *testing.T) {
 	}
 	if same := importChange(before, compile(pools, blocks), as); same(mesh) || same(reflector) || same(n4) {
 		t.Errorf("an unchanged import policy re-evaluates sessions")
+	}
+	// The routes a claim can give another verdict: those of the block
+	// claimed, or released; any other change leaves it unscoped.
+	for _, tc := range []struct {
+		name     string
+		from, to *api.SetPoliciesRequest
+		want     string // "" for unscoped
+	}{
+		{"a claim", before, claimed, "[10.244.2.0/26]"},
+		{"a release", claimed, before, "[10.244.2.0/26]"},
+		{"a block moving", claimed, compile(pools, append(blocks, block("10.244.2.0/26", "host:n1", nil))), "[10.244.2.0/26]"},
+		{"a new pool", before, pooled, ""},
+		{"nothing", before, compile(pools, blocks), ""},
+	} {
+		got, ok := ownedChange(tc.from, tc.to)
+		if s := fmt.Sprint(got); ok != (tc.want != "") || ok && s != tc.want {
+			t.Errorf("%s: ownedChange = %s, %v; want %q", tc.name, s, ok, tc.want)
+		}
+	}
+	moved := []Node{{Name: "n1", IPv4: netip.MustParsePrefix("10.0.0.7/24")}, nodes[1]}
+	f, _ := NewFilters(FilterInputs{Nodes: moved, Pools: pools, Blocks: blocks})
+	if got, ok := ownedChange(before, compilePolicies(f, []Peer{meshPeer, torPeer})); ok {
+		t.Errorf("a node's new address: ownedChange = %v, scoped; want unscoped (all its routes change verdict)", got)
 	}
 	if part := policyPart(before, exportPolicy); len(part.Policies) != 1 || len(part.DefinedSets) == 0 {
 		t.Errorf("the export part has %d policies and %d sets, want 1 and its sets", len(part.Policies), len(part.DefinedSets))

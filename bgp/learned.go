@@ -25,24 +25,37 @@ type LearnedRoute struct {
 func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	at := s.changed.Load()
-	r, err := s.scanRIB(ctx)
-	if err != nil {
-		s.lastRead = nil
-		return nil, err
-	}
-	s.lastRead, s.lastReadAt = &r, at
-	for _, h := range s.held {
-		for _, lr := range h.routes {
-			if _, ok := r.best[lr.Prefix]; !ok {
-				lr.Stale = true
-				r.best[lr.Prefix] = lr
-			}
+	// The table read last is still GoBGP's when no event that changes a
+	// best path, or a session's state, came since, and the speaker changed
+	// no filter or session: a routing pass that finds nothing new (most
+	// of a claim's passes on most nodes) then reads nothing. A change
+	// whose event is still on its way is read by the pass it triggers.
+	gen, at := s.ribGen.Load(), s.changed.Load()
+	r := s.learned
+	if r == nil || gen != s.learnedGen || at != s.learnedAt {
+		s.scans.Add(1)
+		read, err := s.scanRIB(ctx)
+		if err != nil {
+			s.lastRead, s.learned = nil, nil
+			return nil, err
 		}
+		r = &read
+		s.learned, s.learnedGen, s.learnedAt = r, gen, at
+		s.lastRead, s.lastReadAt = r, at
 	}
 	out := make([]LearnedRoute, 0, len(r.best))
 	for _, lr := range r.best {
 		out = append(out, lr)
+	}
+	held := map[netip.Prefix]bool{}
+	for _, h := range s.held {
+		for _, lr := range h.routes {
+			if _, ok := r.best[lr.Prefix]; !ok && !held[lr.Prefix] {
+				held[lr.Prefix] = true
+				lr.Stale = true
+				out = append(out, lr)
+			}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return prefixLess(out[i].Prefix, out[j].Prefix) })
 	return out, nil

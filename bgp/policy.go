@@ -82,7 +82,9 @@ func (s *Speaker) installPolicies(ctx context.Context) error {
 // A block claimed anywhere changes only the import policy (who may
 // originate what), so it costs each session a pass over what it received
 // rather than the whole table sent again to every session: on a route
-// reflector with 29 clients that resend was most of a claim's cost.
+// reflector with 29 clients that resend was most of a claim's cost. And
+// only the sessions that brought a route of the block claimed (or
+// released) re-evaluate anything (ownedChange, adjInHas).
 // Called with s.mu held.
 func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
 	s.policySynced = false
@@ -100,8 +102,13 @@ func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
 		in = importChange(s.policy, req, s.cfg.AS)
 		out = !proto.Equal(policyPart(req, exportPolicy), policyPart(s.policy, exportPolicy))
 	}
-	s.changed.Add(1)
+	var scope []netip.Prefix
+	scoped := false
+	if s.policy != nil && !out {
+		scope, scoped = ownedChange(s.policy, req)
+	}
 	if err := s.srv.SetPolicies(ctx, req); err != nil {
+		s.changed.Add(1) // in doubt
 		return fmt.Errorf("replacing the BGP route filters: %w", err)
 	}
 	s.policy = req
@@ -117,24 +124,75 @@ func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
 	}
 	up, err := s.establishedKeys(ctx, keys)
 	if err != nil {
+		s.changed.Add(1)
 		return fmt.Errorf("re-applying the route filters: %w", err)
 	}
 	var errs []error
+	reset := false
 	for _, key := range keys {
 		if !up[key] {
 			continue
 		}
 		ss := s.sessions[key]
-		for dir, reset := range map[api.ResetPeerRequest_SoftResetDirection]bool{api.ResetPeerRequest_IN: in(ss.peer), api.ResetPeerRequest_OUT: out} {
-			if !reset {
+		resetIn := in(ss.peer)
+		// A claim changes what one node may originate. Routes the change
+		// can give another verdict are only those of the prefixes it
+		// added or removed: a session that received none of them has
+		// nothing to re-evaluate (what it receives from now on meets the
+		// new filters), and on a reflector's client, whose two sessions
+		// bring every route, the re-evaluation was a fifth of its CPU per
+		// claim. The session is asked after the filters changed, so a
+		// route arriving meanwhile is either found or judged by them.
+		if resetIn && scoped {
+			if has, err := s.adjInHas(ctx, key, scope); err == nil && !has {
+				resetIn = false
+			}
+		}
+		for dir, do := range map[api.ResetPeerRequest_SoftResetDirection]bool{api.ResetPeerRequest_IN: resetIn, api.ResetPeerRequest_OUT: out} {
+			if !do {
 				continue
+			}
+			reset = true
+			if dir == api.ResetPeerRequest_IN {
+				s.resets.Add(1)
 			}
 			if err := s.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: key, Soft: true, Direction: dir}); err != nil {
 				errs = append(errs, fmt.Errorf("re-applying the route filters to %s: %w", key, err))
 			}
 		}
 	}
+	// What the sessions learned changed only if one re-evaluated it (see
+	// LearnedVersion). What arrives from now on meets the new filters and
+	// is signalled as any route is; a routing pass picks up what came
+	// meanwhile through the signal's version, not a read of the table
+	// after every filter change.
+	if reset || len(errs) > 0 {
+		s.changed.Add(1)
+	}
 	return errors.Join(errs...)
+}
+
+// adjInHas says whether session key received a route to one of prefixes
+// or a prefix inside one, accepted or not.
+func (s *Speaker) adjInHas(ctx context.Context, key string, prefixes []netip.Prefix) (bool, error) {
+	has := false
+	for _, fam := range []*api.Family{familyV4, familyV6} {
+		var lookup []*api.TableLookupPrefix
+		for _, p := range prefixes {
+			if familyFor(p.Addr()) == fam {
+				lookup = append(lookup, &api.TableLookupPrefix{Prefix: p.String(), Type: api.TableLookupPrefix_LONGER})
+			}
+		}
+		if len(lookup) == 0 {
+			continue
+		}
+		err := s.srv.ListPath(ctx, &api.ListPathRequest{TableType: api.TableType_ADJ_IN, Name: key, Family: fam, Prefixes: lookup},
+			func(d *api.Destination) { has = has || len(d.Paths) > 0 })
+		if err != nil || has {
+			return has, err
+		}
+	}
+	return false, nil
 }
 
 // Names of what one node may originate (see nodeImports): its prefix
@@ -181,6 +239,82 @@ func importChange(old, new *api.SetPoliciesRequest, as uint32) func(Peer) bool {
 		return func(Peer) bool { return false }
 	}
 	return func(p Peer) bool { return p.Relays || p.AS != as || nodes[p.Node] }
+}
+
+// ownedChange is, for a change of the import policy from old to new that
+// importChange scoped to some nodes, the prefixes whose verdict it can
+// change: the entries of those nodes' prefix sets that one policy has and
+// the other has not. ok is false when a node's statement changed in
+// anything else (its next hops: every route of the node can change),
+// when a statement of anything else changed, or when nothing was found to
+// change.
+func ownedChange(old, new *api.SetPoliciesRequest) (prefixes []netip.Prefix, ok bool) {
+	a, aOrder := statementsOf(old, importPolicy)
+	b, bOrder := statementsOf(new, importPolicy)
+	if !slices.Equal(aOrder, bOrder) {
+		return nil, false
+	}
+	names := map[string]bool{}
+	for name := range a {
+		names[name] = true
+	}
+	for name := range b {
+		names[name] = true
+	}
+	seen := map[netip.Prefix]bool{}
+	for name := range names {
+		if proto.Equal(a[name], b[name]) {
+			continue
+		}
+		if !strings.HasPrefix(name, ownedStmtPrefix) {
+			return nil, false
+		}
+		ea, ha := ownedEntries(a[name])
+		eb, hb := ownedEntries(b[name])
+		if a[name] != nil && b[name] != nil && !slices.Equal(ha, hb) {
+			return nil, false
+		}
+		for e, p := range ea {
+			if _, both := eb[e]; !both && !seen[p] {
+				seen[p] = true
+				prefixes = append(prefixes, p)
+			}
+		}
+		for e, p := range eb {
+			if _, both := ea[e]; !both && !seen[p] {
+				seen[p] = true
+				prefixes = append(prefixes, p)
+			}
+		}
+	}
+	return prefixes, len(prefixes) > 0
+}
+
+// ownedEntries are the prefix-set entries of one owned statement (as
+// statementsOf gives it), by a key of entry and lengths, and the next
+// hops it accepts.
+func ownedEntries(st *api.SetPoliciesRequest) (map[string]netip.Prefix, []string) {
+	out := map[string]netip.Prefix{}
+	if st == nil {
+		return out, nil
+	}
+	for _, d := range st.DefinedSets {
+		if d.DefinedType != api.DefinedType_PREFIX {
+			continue
+		}
+		for _, e := range d.Prefixes {
+			if p, err := netip.ParsePrefix(e.IpPrefix); err == nil {
+				out[fmt.Sprintf("%s %d %d", e.IpPrefix, e.MaskLengthMin, e.MaskLengthMax)] = p
+			}
+		}
+	}
+	var hops []string
+	for _, p := range st.Policies {
+		for _, x := range p.Statements {
+			hops = append(hops, x.GetConditions().GetNextHopInList()...)
+		}
+	}
+	return out, hops
 }
 
 // statementsOf are the statements of req's policy name, each with the

@@ -109,9 +109,20 @@ type Speaker struct {
 	// converged: the last converge for desired succeeded; SetPeers with
 	// the same desired and nothing pending has nothing to do.
 	converged bool
-	// changed counts the times the speaker replaced its policies or
-	// changed its sessions (see Changed).
+	// changed counts the times the speaker had sessions re-evaluate
+	// what they received, failed to replace its policies, or changed its
+	// sessions (see LearnedVersion).
 	changed atomic.Uint64
+	// ribGen counts GoBGP's events that can change what Learned returns:
+	// a best path changing, an End-of-RIB, a session going up or down.
+	// learned is the table Learned read last, with ribGen and changed as
+	// they were before it read.
+	ribGen                atomic.Uint64
+	learned               *rib
+	learnedGen, learnedAt uint64
+	// scans counts Learned's reads of GoBGP's table, resets the soft
+	// resets in (for the tests).
+	scans, resets atomic.Uint64
 	// lastRead is the table the last Learned read, while no
 	// RecentPeerStates has used it; lastReadAt the changed count
 	// when it was read.
@@ -260,12 +271,13 @@ func (s *Speaker) prefixLimitReached(key, family string) {
 	}
 }
 
-// Changed counts the times the speaker replaced its route filters in
-// GoBGP or added, changed or removed sessions: what it learned may then
-// change without a message from a peer. A caller that read Learned before
-// SetFilters and SetPeers need not read it again when the count stayed
-// the same; Changes signals anything that comes later.
-func (s *Speaker) Changed() uint64 { return s.changed.Load() }
+// LearnedVersion changes whenever what Learned returns may have changed:
+// on GoBGP's events (a best path, an End-of-RIB, a session's state), and
+// when the speaker had sessions re-evaluate what they received under new
+// route filters, or added, changed or removed sessions (a route may then
+// change without a message from a peer). A caller that read Learned after
+// the version need not read it again while the version stays the same.
+func (s *Speaker) LearnedVersion() uint64 { return s.ribGen.Load() + s.changed.Load() }
 
 // Changes is signalled (coalesced, never blocking the speaker) when what
 // Learned or PeerStates return may have changed.
@@ -282,6 +294,7 @@ func (s *Speaker) onEvent(ev *api.WatchEventResponse) {
 	if ev.GetPeer() != nil {
 		s.statesGen.Add(1)
 	}
+	s.ribGen.Add(1)
 	s.signal()
 }
 

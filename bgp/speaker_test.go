@@ -178,6 +178,79 @@ func TestSpeakerOnLoopback(t *testing.T) {
 	})
 }
 
+// TestLoopbackLearnedAndResets: Learned reads GoBGP's table again only
+// after an event or a re-evaluation; a filter change re-evaluates only
+// sessions that received a route it can judge otherwise, and one that did
+// (a route that came before the claim of its block) is re-evaluated, so
+// the route is learned.
+func TestLoopbackLearnedAndResets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts BGP sessions")
+	}
+	ctx := context.Background()
+	a, b := loopSpeaker(t, 4, Config{}), loopSpeaker(t, 5, Config{})
+	filters := func(blocks ...v1.IPAMBlock) {
+		t.Helper()
+		f, problems := NewFilters(FilterInputs{Pools: []v1.IPPool{sizedPool("10.244.0.0/16", 26)},
+			Nodes:  []Node{{Name: "a", IPv4: netip.MustParsePrefix("192.168.0.1/24")}, {Name: "b", IPv4: netip.MustParsePrefix("192.168.0.2/24")}, {Name: "c", IPv4: netip.MustParsePrefix("192.168.0.9/24")}},
+			Blocks: append([]v1.IPAMBlock{block("10.244.1.0/26", "host:a", nil)}, blocks...)})
+		if len(problems) > 0 {
+			t.Fatal(problems)
+		}
+		for _, s := range []*Speaker{a, b} {
+			mustNil(t, s.SetFilters(ctx, f))
+		}
+	}
+	filters()
+	toA := loopPeer(5, 4)
+	toA.Node = "a"
+	mustNil(t, a.SetPeers(ctx, []Peer{loopPeer(4, 5)}))
+	mustNil(t, b.SetPeers(ctx, []Peer{toA}))
+	nh := netip.MustParseAddr("192.168.0.1")
+	blockA := Route{Prefix: netip.MustParsePrefix("10.244.1.0/26"), NextHop: nh}
+	mustNil(t, a.SetAdvertisements(ctx, []Route{blockA}))
+	const one = "10.244.1.0/26 via 192.168.0.1 from 127.0.0.4 stale=false; "
+	eventually(t, 20*time.Second, "b learns a's block", func() (bool, string) {
+		got := learnedString(t, b)
+		return got == one, got
+	})
+
+	// Nothing happened: no read.
+	scans := b.scans.Load()
+	if got := learnedString(t, b); got != one || b.scans.Load() != scans {
+		t.Errorf("Learned with nothing new: %q, %d reads of the table; want the same routes and none", got, b.scans.Load()-scans)
+	}
+	// c claims a block nobody announces: no session has a route of it,
+	// so none is re-evaluated, and what b learned stands unread.
+	resets := b.resets.Load()
+	filters(block("10.244.5.0/26", "host:c", nil))
+	if n := b.resets.Load() - resets; n != 0 {
+		t.Errorf("a claim of a block no session brought: %d soft resets, want none", n)
+	}
+	if got := learnedString(t, b); got != one || b.scans.Load() != scans {
+		t.Errorf("Learned after a filter change that re-evaluated nothing: %q, %d reads; want the same routes and none", got, b.scans.Load()-scans)
+	}
+	// a announces a block before its claim reaches b's filters: b rejects
+	// it, then, once the claim comes, re-evaluates a's session and has it.
+	early := Route{Prefix: netip.MustParsePrefix("10.244.6.0/26"), NextHop: nh}
+	mustNil(t, a.SetAdvertisements(ctx, []Route{blockA, early}))
+	eventually(t, 20*time.Second, "b receives (and rejects) the early route", func() (bool, string) {
+		st, err := b.PeerStates(ctx)
+		return err == nil && len(st) == 1 && st[0].Received == 2 && st[0].Rejected == 1, statesString(st)
+	})
+	if n := b.scans.Load() - scans; n != 0 {
+		t.Errorf("a rejected route made Learned read the table %d times, want none", n)
+	}
+	filters(block("10.244.5.0/26", "host:c", nil), block("10.244.6.0/26", "host:a", nil))
+	if n := b.resets.Load() - resets; n != 1 {
+		t.Errorf("the claim of a block a session brought already: %d soft resets, want 1", n)
+	}
+	want := one + "10.244.6.0/26 via 192.168.0.1 from 127.0.0.4 stale=false; "
+	if got := learnedString(t, b); got != want {
+		t.Errorf("after the claim, b learned %q, want %q", got, want)
+	}
+}
+
 // liarFilters let a speaker send anything over its sessions with the
 // BGPPeer "victim" (a filter that exports everything): it stands for a
 // tabby node that lies, or is compromised.

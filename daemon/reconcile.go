@@ -285,6 +285,7 @@ type pass struct {
 	filters  *bgp.Filters       // the route filters
 	adverts  []bgp.Route        // 3: what this node advertises
 	learned  []bgp.LearnedRoute // 5: what BGP learned
+	learnedV uint64             // the speaker's LearnedVersion before learned was read
 	states   []bgp.PeerState    // the sessions' states
 	stale    int                // learned routes kept stale by graceful restart
 	refused  []string           // why learned routes are not installed
@@ -330,10 +331,10 @@ func (r *router) reconcileOnce(ctx context.Context) outcome {
 	r.planSessions(ctx, p)
 	r.earlyRoutes(ctx, p)
 	t2 := time.Now()
-	holding, changed := r.holding, r.speaker.Changed()
+	holding := r.holding
 	r.configureSessions(ctx, p)
 	t3 := time.Now()
-	r.programKernel(ctx, p, r.speaker.Changed() != changed)
+	r.programKernel(ctx, p)
 	t4 := time.Now()
 	if !holding {
 		r.readStates(ctx, p, true)
@@ -533,12 +534,13 @@ func (r *router) earlyRoutes(ctx context.Context, p *pass) {
 		return
 	}
 	t := time.Now()
+	v := r.speaker.LearnedVersion()
 	learned, err := r.speaker.Learned(ctx)
 	p.step("earlyLearned", t)
 	if err != nil {
 		return // programKernel reads them again, and reports
 	}
-	p.learned = learned
+	p.learned, p.learnedV = learned, v
 	r.desiredState(p)
 	t = time.Now()
 	if _, err := r.apply(p.state, false); err == nil {
@@ -561,8 +563,10 @@ func (r *router) desiredState(p *pass) {
 
 // programKernel is step 6: what BGP learned, through routing.Desired,
 // into the kernel. It reads what BGP learned again when earlyRoutes did
-// not, or reread: the speaker changed filters or sessions since.
-func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
+// not, or when that may have changed since: the speaker re-evaluated
+// sessions or changed them (configureSessions), or GoBGP signalled a
+// route meanwhile, which is then in the kernel a pass sooner.
+func (r *router) programKernel(ctx context.Context, p *pass) {
 	out := &p.out
 	// The sessions' states are for the report: reconcileOnce reads them
 	// after the routes are in, unless a restart's kept routes wait on
@@ -576,9 +580,10 @@ func (r *router) programKernel(ctx context.Context, p *pass, reread bool) {
 	}
 	// The state earlyRoutes worked out from them stands unless they are
 	// read again.
-	if p.learned == nil || reread {
+	if v := r.speaker.LearnedVersion(); p.learned == nil || v != p.learnedV {
 		var err error
 		t := time.Now()
+		p.learnedV = v
 		if p.learned, err = r.speaker.Learned(ctx); err != nil {
 			out.problem(true, "reading the routes BGP learned: %v", err)
 		}
