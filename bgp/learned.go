@@ -26,13 +26,16 @@ func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// The table read last is still GoBGP's when no event that changes a
-	// best path, or a session's state, came since, and the speaker changed
-	// no filter or session: a routing pass that finds nothing new (most
-	// of a claim's passes on most nodes) then reads nothing. A change
-	// whose event is still on its way is read by the pass it triggers.
+	// best path, or a session's state, came since, and the speaker had no
+	// session re-evaluate what it received and changed none (see
+	// LearnedVersion): a routing pass that finds nothing new (most of a
+	// claim's passes on most nodes) then reads nothing. A change whose
+	// event is still on its way is read by the pass the event triggers.
+	// What changes with no event at all (a session's routes marked stale
+	// in the moment around its going down) is read within learnedMaxAge.
 	gen, at := s.ribGen.Load(), s.changed.Load()
 	r := s.learned
-	if r == nil || gen != s.learnedGen || at != s.learnedAt {
+	if r == nil || gen != s.learnedGen || at != s.learnedAt || time.Since(s.learnedTime) >= learnedMaxAge {
 		s.scans.Add(1)
 		read, err := s.scanRIB(ctx)
 		if err != nil {
@@ -40,7 +43,7 @@ func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
 			return nil, err
 		}
 		r = &read
-		s.learned, s.learnedGen, s.learnedAt = r, gen, at
+		s.learned, s.learnedGen, s.learnedAt, s.learnedTime = r, gen, at, time.Now()
 		s.lastRead, s.lastReadAt = r, at
 	}
 	out := make([]LearnedRoute, 0, len(r.best))
@@ -60,6 +63,9 @@ func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
 	sort.Slice(out, func(i, j int) bool { return prefixLess(out[i].Prefix, out[j].Prefix) })
 	return out, nil
 }
+
+// learnedMaxAge bounds how long Learned answers from its last read.
+const learnedMaxAge = 10 * time.Second
 
 // heldRoutes are the routes a session brought before this speaker reset it.
 type heldRoutes struct {

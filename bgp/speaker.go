@@ -115,11 +115,12 @@ type Speaker struct {
 	changed atomic.Uint64
 	// ribGen counts GoBGP's events that can change what Learned returns:
 	// a best path changing, an End-of-RIB, a session going up or down.
-	// learned is the table Learned read last, with ribGen and changed as
-	// they were before it read.
+	// learned is the table Learned read last, at learnedTime, with ribGen
+	// and changed as they were before it read.
 	ribGen                atomic.Uint64
 	learned               *rib
 	learnedGen, learnedAt uint64
+	learnedTime           time.Time
 	// scans counts Learned's reads of GoBGP's table, resets the soft
 	// resets in (for the tests).
 	scans, resets atomic.Uint64
