@@ -23,6 +23,18 @@ type LearnedRoute struct {
 // (to change their settings) are kept, Stale, until the session has sent
 // them again or its restart time passed, as the remote keeps ours.
 func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
+	return s.learnedRoutes(ctx, false)
+}
+
+// LearnedFresh is Learned from a new read of GoBGP's table: for a caller
+// that must see at least what GoBGP had when it called, such as one that
+// has just read the sessions' states, whose End-of-RIBs may be ahead of
+// the events of the routes sent before them.
+func (s *Speaker) LearnedFresh(ctx context.Context) ([]LearnedRoute, error) {
+	return s.learnedRoutes(ctx, true)
+}
+
+func (s *Speaker) learnedRoutes(ctx context.Context, fresh bool) ([]LearnedRoute, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// The table read last is still GoBGP's when no event that changes a
@@ -35,7 +47,7 @@ func (s *Speaker) Learned(ctx context.Context) ([]LearnedRoute, error) {
 	// in the moment around its going down) is read within learnedMaxAge.
 	gen, at := s.ribGen.Load(), s.changed.Load()
 	r := s.learned
-	if r == nil || gen != s.learnedGen || at != s.learnedAt || time.Since(s.learnedTime) >= learnedMaxAge {
+	if fresh || r == nil || gen != s.learnedGen || at != s.learnedAt || time.Since(s.learnedTime) >= learnedMaxAge {
 		s.scans.Add(1)
 		read, err := s.scanRIB(ctx)
 		if err != nil {

@@ -220,6 +220,11 @@ func TestLoopbackLearnedAndResets(t *testing.T) {
 	if got := learnedString(t, b); got != one || b.scans.Load() != scans {
 		t.Errorf("Learned with nothing new: %q, %d reads of the table; want the same routes and none", got, b.scans.Load()-scans)
 	}
+	// LearnedFresh reads all the same.
+	if fresh, err := b.LearnedFresh(ctx); err != nil || len(fresh) != 1 || b.scans.Load() != scans+1 {
+		t.Errorf("LearnedFresh: %v, %v, %d reads; want a's block and one read", fresh, err, b.scans.Load()-scans)
+	}
+	scans = b.scans.Load()
 	// c claims a block nobody announces: no session has a route of it,
 	// so none is re-evaluated, and what b learned stands unread.
 	resets := b.resets.Load()

@@ -579,12 +579,18 @@ func (r *router) programKernel(ctx context.Context, p *pass) {
 		r.readStates(ctx, p, false)
 	}
 	// The state earlyRoutes worked out from them stands unless they are
-	// read again.
-	if v := r.speaker.LearnedVersion(); p.learned == nil || v != p.learnedV {
+	// read again. After the states, the routes are read anew: an
+	// End-of-RIB in them may be ahead of the events of the routes sent
+	// before it.
+	if v := r.speaker.LearnedVersion(); p.learned == nil || v != p.learnedV || holding {
 		var err error
 		t := time.Now()
 		p.learnedV = v
-		if p.learned, err = r.speaker.Learned(ctx); err != nil {
+		learned := r.speaker.Learned
+		if holding {
+			learned = r.speaker.LearnedFresh
+		}
+		if p.learned, err = learned(ctx); err != nil {
 			out.problem(true, "reading the routes BGP learned: %v", err)
 		}
 		p.step("learned", t)
