@@ -244,7 +244,8 @@ func TestPolicyPartsOfAChange(t *testing.T) {
 	n4 := Peer{Address: netip.MustParseAddr("10.0.0.4"), Kind: KindMesh, Node: "n4", AS: 64513} // eBGP passes n2's route on
 	mesh, reflector, tor := meshPeer, rrPeer, torPeer
 	mesh.AS, reflector.AS, tor.AS, reflector.Relays = as, as, as, true
-	claim, pool := importChange(before, claimed, as), importChange(before, pooled, as)
+	claim, _ := importChange(before, claimed, as)
+	pool, _ := importChange(before, pooled, as)
 	for _, tc := range []struct {
 		peer        Peer
 		claim, pool bool
@@ -254,7 +255,7 @@ func TestPolicyPartsOfAChange(t *testing.T) {
 				tc.peer.Address, tc.peer.Kind, claim(tc.peer), tc.claim, pool(tc.peer), tc.pool)
 		}
 	}
-	if same := importChange(before, compile(pools, blocks), as); same(mesh) || same(reflector) || same(n4) {
+	if same, _ := importChange(before, compile(pools, blocks), as); same(mesh) || same(reflector) || same(n4) {
 		t.Errorf("an unchanged import policy re-evaluates sessions")
 	}
 	// The routes a claim can give another verdict: those of the block
@@ -270,15 +271,15 @@ func TestPolicyPartsOfAChange(t *testing.T) {
 		{"a new pool", before, pooled, ""},
 		{"nothing", before, compile(pools, blocks), ""},
 	} {
-		got, ok := ownedChange(tc.from, tc.to)
-		if s := fmt.Sprint(got); ok != (tc.want != "") || ok && s != tc.want {
-			t.Errorf("%s: ownedChange = %s, %v; want %q", tc.name, s, ok, tc.want)
+		_, got := importChange(tc.from, tc.to, as)
+		if s := fmt.Sprint(got); got != nil && s != tc.want || got == nil && tc.want != "" {
+			t.Errorf("%s: importChange's scope = %s; want %q", tc.name, s, tc.want)
 		}
 	}
 	moved := []Node{{Name: "n1", IPv4: netip.MustParsePrefix("10.0.0.7/24")}, nodes[1]}
 	f, _ := NewFilters(FilterInputs{Nodes: moved, Pools: pools, Blocks: blocks})
-	if got, ok := ownedChange(before, compilePolicies(f, []Peer{meshPeer, torPeer})); ok {
-		t.Errorf("a node's new address: ownedChange = %v, scoped; want unscoped (all its routes change verdict)", got)
+	if _, got := importChange(before, compilePolicies(f, []Peer{meshPeer, torPeer}), as); got != nil {
+		t.Errorf("a node's new address: importChange's scope = %v; want none (all its routes change verdict)", got)
 	}
 	if part := policyPart(before, exportPolicy); len(part.Policies) != 1 || len(part.DefinedSets) == 0 {
 		t.Errorf("the export part has %d policies and %d sets, want 1 and its sets", len(part.Policies), len(part.DefinedSets))

@@ -84,7 +84,7 @@ func (s *Speaker) installPolicies(ctx context.Context) error {
 // rather than the whole table sent again to every session: on a route
 // reflector with 29 clients that resend was most of a claim's cost. And
 // only the sessions that brought a route of the block claimed (or
-// released) re-evaluate anything (ownedChange, adjInHas).
+// released) re-evaluate anything (importChange, adjInHas).
 // Called with s.mu held.
 func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
 	s.policySynced = false
@@ -98,14 +98,13 @@ func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
 		return nil
 	}
 	in, out := func(Peer) bool { return true }, true
+	var scope []netip.Prefix // nil: every route of a session in
 	if s.policy != nil {
-		in = importChange(s.policy, req, s.cfg.AS)
+		in, scope = importChange(s.policy, req, s.cfg.AS)
 		out = !proto.Equal(policyPart(req, exportPolicy), policyPart(s.policy, exportPolicy))
 	}
-	var scope []netip.Prefix
-	scoped := false
-	if s.policy != nil && !out {
-		scope, scoped = ownedChange(s.policy, req)
+	if out {
+		scope = nil
 	}
 	if err := s.srv.SetPolicies(ctx, req); err != nil {
 		s.changed.Add(1) // in doubt
@@ -143,7 +142,7 @@ func (s *Speaker) syncPolicies(ctx context.Context) (err error) {
 		// bring every route, the re-evaluation was a fifth of its CPU per
 		// claim. The session is asked after the filters changed, so a
 		// route arriving meanwhile is either found or judged by them.
-		if resetIn && scoped {
+		if resetIn && scope != nil {
 			if has, err := s.adjInHas(ctx, key, scope); err == nil && !has {
 				resetIn = false
 			}
@@ -203,56 +202,29 @@ const (
 	ownedStmtPrefix = "owned-" + nodeSetPrefix
 )
 
-// importChange says which sessions must re-evaluate what they received
-// when the import policy goes from old to new. When only statements of
-// what nodes may originate changed (a block claimed, released or moved,
-// an address borrowed), only those nodes' routes can change verdict: they
-// come over the sessions with those nodes, with reflectors (which relay
-// every node's routes) and with other ASes (eBGP passes routes on). On a reflector with 29 clients a claim so
-// costs two sessions' re-evaluation instead of 29, in GoBGP's one loop
-// that is meanwhile passing the claimed block's route on. Any other
-// change re-evaluates every session.
-func importChange(old, new *api.SetPoliciesRequest, as uint32) func(Peer) bool {
+// importChange says what must re-evaluate what it received when the
+// import policy goes from old to new. When only statements of what nodes
+// may originate changed (a block claimed, released or moved, an address
+// borrowed), only those nodes' routes can change verdict: they come over
+// the sessions with those nodes, with reflectors (which relay every
+// node's routes) and with other ASes (eBGP passes routes on). On a
+// reflector with 29 clients a claim so costs two sessions' re-evaluation
+// instead of 29, in GoBGP's one loop that is meanwhile passing the
+// claimed block's route on. Any other change re-evaluates every session.
+//
+// scope narrows it further: when non-nil, only routes to those prefixes
+// (or inside them) can change verdict, the entries of those nodes' prefix
+// sets that one policy has and the other has not. GoBGP matches a set by
+// its most specific entry, so a prefix outside every changed entry keeps
+// its match. scope is nil when a node's statement changed in anything
+// else (its next hops: every route of the node can change) or when no
+// changed entry was found.
+func importChange(old, new *api.SetPoliciesRequest, as uint32) (sessions func(Peer) bool, scope []netip.Prefix) {
 	all := func(Peer) bool { return true }
 	a, aOrder := statementsOf(old, importPolicy)
 	b, bOrder := statementsOf(new, importPolicy)
 	if !slices.Equal(aOrder, bOrder) {
-		return all
-	}
-	nodes := map[string]bool{}
-	for name := range a {
-		if _, ok := b[name]; !ok {
-			b[name] = nil
-		}
-	}
-	for name, st := range b {
-		if proto.Equal(st, a[name]) {
-			continue
-		}
-		node, ok := strings.CutPrefix(name, ownedStmtPrefix)
-		if !ok {
-			return all
-		}
-		nodes[strings.TrimSuffix(strings.TrimSuffix(node, "-v4"), "-v6")] = true
-	}
-	if len(nodes) == 0 {
-		return func(Peer) bool { return false }
-	}
-	return func(p Peer) bool { return p.Relays || p.AS != as || nodes[p.Node] }
-}
-
-// ownedChange is, for a change of the import policy from old to new that
-// importChange scoped to some nodes, the prefixes whose verdict it can
-// change: the entries of those nodes' prefix sets that one policy has and
-// the other has not. ok is false when a node's statement changed in
-// anything else (its next hops: every route of the node can change),
-// when a statement of anything else changed, or when nothing was found to
-// change.
-func ownedChange(old, new *api.SetPoliciesRequest) (prefixes []netip.Prefix, ok bool) {
-	a, aOrder := statementsOf(old, importPolicy)
-	b, bOrder := statementsOf(new, importPolicy)
-	if !slices.Equal(aOrder, bOrder) {
-		return nil, false
+		return all, nil
 	}
 	names := map[string]bool{}
 	for name := range a {
@@ -261,33 +233,39 @@ func ownedChange(old, new *api.SetPoliciesRequest) (prefixes []netip.Prefix, ok 
 	for name := range b {
 		names[name] = true
 	}
+	nodes := map[string]bool{}
 	seen := map[netip.Prefix]bool{}
+	scoped := true
 	for name := range names {
 		if proto.Equal(a[name], b[name]) {
 			continue
 		}
-		if !strings.HasPrefix(name, ownedStmtPrefix) {
-			return nil, false
+		node, ok := strings.CutPrefix(name, ownedStmtPrefix)
+		if !ok {
+			return all, nil
 		}
+		nodes[strings.TrimSuffix(strings.TrimSuffix(node, "-v4"), "-v6")] = true
 		ea, ha := ownedEntries(a[name])
 		eb, hb := ownedEntries(b[name])
 		if a[name] != nil && b[name] != nil && !slices.Equal(ha, hb) {
-			return nil, false
+			scoped = false
 		}
-		for e, p := range ea {
-			if _, both := eb[e]; !both && !seen[p] {
-				seen[p] = true
-				prefixes = append(prefixes, p)
-			}
-		}
-		for e, p := range eb {
-			if _, both := ea[e]; !both && !seen[p] {
-				seen[p] = true
-				prefixes = append(prefixes, p)
+		for _, pair := range [2][2]map[string]netip.Prefix{{ea, eb}, {eb, ea}} {
+			for e, p := range pair[0] {
+				if _, both := pair[1][e]; !both && !seen[p] {
+					seen[p] = true
+					scope = append(scope, p)
+				}
 			}
 		}
 	}
-	return prefixes, len(prefixes) > 0
+	if len(nodes) == 0 {
+		return func(Peer) bool { return false }, nil
+	}
+	if !scoped {
+		scope = nil
+	}
+	return func(p Peer) bool { return p.Relays || p.AS != as || nodes[p.Node] }, scope
 }
 
 // ownedEntries are the prefix-set entries of one owned statement (as
