@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
+	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -193,5 +196,112 @@ func TestAssignDeferredBatchRaces(t *testing.T) {
 				t.Errorf("block %s holds %s for %q, the caller was told %q", b.Name, ip, h, byIP[ip])
 			}
 		}
+	}
+}
+
+// staleHandles is the API source whose handles are the versions it was
+// given: a cache a moment behind the handles' later writes.
+type staleHandles struct {
+	ipam.Source
+	handles map[string]*tabbyv1.IPAMHandle
+}
+
+func (s staleHandles) Handle(ctx context.Context, name string) (*tabbyv1.IPAMHandle, error) {
+	if h, ok := s.handles[name]; ok {
+		return h, nil
+	}
+	return s.Source.Handle(ctx, name)
+}
+
+// TestReleaseHandles: handles of one node released together free what
+// they hold in one block in one write of it; a handle whose object was
+// never written (an ADD that died before recording it), one that holds
+// nothing, and one the source has in an older version (it gained an
+// address in another block since) are released as ReleaseHandle alone
+// would; the handle not released keeps its address.
+func TestReleaseHandles(t *testing.T) {
+	ds := client(t)
+	fresh(t, ds)
+	c := ctx(t)
+	mkPool(t, ds, "rel", "10.64.0.0/24", 28) // 16 addresses a block
+	const node = "rel-node"
+	plain := ipam.New(ds)
+	var ids []string
+	for i := range 20 { // two blocks
+		id := fmt.Sprintf("net.r%d", i)
+		if _, err := plain.Assign(c, v4(id, node)); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if _, rec, err := plain.AssignDeferred(c, v4("net.unrecorded", node)); err != nil || rec == nil {
+		t.Fatalf("deferred assignment: %v (record %v)", err, rec != nil)
+	}
+	if _, err := plain.Assign(c, v4("net.keep", node)); err != nil {
+		t.Fatal(err)
+	}
+	// net.r0 as the source has it, then a second address of it in
+	// another block (net.r0's first is in the first block).
+	old, err := ds.IPAMHandles.Get(c, ipam.HandleObjectName("net.r0"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := plain.Assign(c, ipam.Request{HandleID: "net.r0", Node: node, IPs: []net.IP{net.ParseIP("10.64.0.200")}}); err != nil {
+		t.Fatal(err)
+	}
+	held := func(id string) []net.IP {
+		ips, err := plain.HandleIPsOnNode(c, id, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ips
+	}
+	if got := held("net.r0"); len(got) != 2 {
+		t.Fatalf("net.r0 holds %v, want two addresses", got)
+	}
+	blocks, err := ds.IPAMBlocks.List(c, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := ds.IPAMBlocks.Watch(c, metav1.ListOptions{ResourceVersion: blocks.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+
+	m := ipam.New(ds, ipam.WithSource(staleHandles{Source: ipam.APISource(ds), handles: map[string]*tabbyv1.IPAMHandle{old.Name: old}}))
+	release := append(slices.Clone(ids), "net.unrecorded", "net.nothing")
+	for i, err := range m.ReleaseHandles(c, release, node) {
+		if err != nil {
+			t.Errorf("releasing %s: %v", release[i], err)
+		}
+	}
+	for _, id := range release {
+		if got := held(id); len(got) > 0 {
+			t.Errorf("%s still holds %v", id, got)
+		}
+		if h, err := ds.IPAMHandles.Get(c, ipam.HandleObjectName(id), metav1.GetOptions{}); err == nil {
+			t.Errorf("handle object of %s left: %+v", id, h.Spec)
+		}
+	}
+	if got := held("net.keep"); len(got) != 1 {
+		t.Errorf("net.keep holds %v after the others were released, want its address", got)
+	}
+	// One write per block for the twenty (net.r0's first address among
+	// them), then one each for net.r0's second address and net.unrecorded.
+	writes := 0
+	for {
+		select {
+		case ev := <-w.ResultChan():
+			if ev.Type == watch.Modified {
+				writes++
+			}
+			continue
+		case <-time.After(2 * time.Second):
+		}
+		break
+	}
+	if writes != 4 {
+		t.Errorf("%d block writes for the release, want 4 (one per block, then the stale handle's other address and the unrecorded handle)", writes)
 	}
 }

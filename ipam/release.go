@@ -154,6 +154,17 @@ func holds(b *tabbyv1.IPAMBlock, handleID string) bool {
 // copy; a copy that shows nothing to release is checked against the API
 // server.
 func (m *IPAM) releaseHandleInBlock(ctx context.Context, blockName, handleID string, known *tabbyv1.IPAMBlock) error {
+	return m.releaseHandlesInBlock(ctx, blockName, []string{handleID}, known)
+}
+
+// releaseHandlesInBlock frees the addresses of every handle of handleIDs
+// in one block, in one write (CAS). A copy that is not a consistent read
+// and shows nothing of one of them is checked against the API server.
+func (m *IPAM) releaseHandlesInBlock(ctx context.Context, blockName string, handleIDs []string, known *tabbyv1.IPAMBlock) error {
+	what := "handle " + handleIDs[0]
+	if len(handleIDs) > 1 {
+		what = fmt.Sprintf("%d handles (%s, ...)", len(handleIDs), handleIDs[0])
+	}
 	for attempt := range maxRetries {
 		b, confirmed := known, known != nil
 		var err error
@@ -177,10 +188,16 @@ func (m *IPAM) releaseHandleInBlock(ctx context.Context, blockName, handleID str
 			return err
 		}
 		n := b.DeepCopy()
-		if releaseHandle(n, handleID) == 0 {
-			if !confirmed {
-				continue // the copy may predate the allocation: look again
-			}
+		released, missing := 0, false
+		for _, id := range handleIDs {
+			r := releaseHandle(n, id)
+			released += r
+			missing = missing || r == 0
+		}
+		if missing && !confirmed {
+			continue // the copy may predate an allocation: look again
+		}
+		if released == 0 {
 			return nil
 		}
 		updated, err := m.ds.IPAMBlocks.Update(ctx, n, metav1.UpdateOptions{})
@@ -193,10 +210,81 @@ func (m *IPAM) releaseHandleInBlock(ctx context.Context, blockName, handleID str
 		case apierrors.IsNotFound(err):
 			return nil
 		default:
-			return wrapDS(m.ds, fmt.Errorf("releasing handle %s in block %s: %w", handleID, blockName, err))
+			return wrapDS(m.ds, fmt.Errorf("releasing %s in block %s: %w", what, blockName, err))
 		}
 	}
-	return fmt.Errorf("block %s kept changing under %d attempts to release handle %s; try again", blockName, maxRetries, handleID)
+	return fmt.Errorf("block %s kept changing under %d attempts to release %s; try again", blockName, maxRetries, what)
+}
+
+// ReleaseHandles is ReleaseHandle for handles of one node released at once
+// (a burst of pods deleted on the node): what they hold in one block is
+// freed in a single write of that block, a compare-and-swap like any
+// other, and then their handle objects are deleted together, each with
+// the preconditions ReleaseHandle uses. A handle whose object the Source
+// does not have, whose blocks failed, or that changed meanwhile goes
+// through ReleaseHandle alone afterwards. The errors are in the order of
+// handleIDs.
+func (m *IPAM) ReleaseHandles(ctx context.Context, handleIDs []string, node string) []error {
+	errs := make([]error, len(handleIDs))
+	alone := make([]bool, len(handleIDs))
+	handles := make([]*tabbyv1.IPAMHandle, len(handleIDs))
+	byBlock := map[string][]int{}
+	var blocks []string
+	for i, id := range handleIDs {
+		h, err := m.src.Handle(ctx, HandleObjectName(id))
+		if err != nil || h == nil || h.Spec.HandleID != id || len(handleIDs) == 1 {
+			alone[i] = true
+			continue
+		}
+		handles[i] = h
+		for c := range h.Spec.Block {
+			p, err := netip.ParsePrefix(c)
+			if err != nil {
+				continue
+			}
+			name := BlockName(p)
+			if _, ok := byBlock[name]; !ok {
+				blocks = append(blocks, name)
+			}
+			byBlock[name] = append(byBlock[name], i)
+		}
+	}
+	sort.Strings(blocks)
+	for _, name := range blocks {
+		ids := make([]string, 0, len(byBlock[name]))
+		for _, i := range byBlock[name] {
+			ids = append(ids, handleIDs[i])
+		}
+		if err := m.releaseHandlesInBlock(ctx, name, ids, nil); err != nil {
+			for _, i := range byBlock[name] {
+				alone[i] = true
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for i, h := range handles {
+		if h == nil || alone[i] {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			uid, rv := h.UID, h.ResourceVersion
+			err := m.ds.IPAMHandles.Delete(ctx, h.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+			switch {
+			case err == nil, apierrors.IsNotFound(err):
+			default: // changed meanwhile (a conflict), or an error ReleaseHandle meets again
+				alone[i] = true
+			}
+		}()
+	}
+	wg.Wait()
+	for i, id := range handleIDs {
+		if alone[i] {
+			errs[i] = m.ReleaseHandle(ctx, id, node)
+		}
+	}
+	return errs
 }
 
 // Release frees single addresses. An address is left unreleased (and

@@ -421,7 +421,10 @@ func TestAgentRefusesBadRequests(t *testing.T) {
 // on the node together, each get their own address (those queued behind a
 // write share the next one), a failing one among them fails alone, every
 // handle holds what its caller was told, and every assignment is counted
-// once in tabby_cni_agent_assign_batch_size.
+// once in tabby_cni_agent_assign_batch_size. Then releases that arrive at
+// once (the pods deleted together, and a handle that holds nothing) all
+// succeed, free every address, and are counted once each in
+// tabby_cni_agent_release_batch_size.
 func TestAgentBurst(t *testing.T) {
 	w := newWorld(t)
 	ctx := testCtx(t)
@@ -459,25 +462,36 @@ func TestAgentBurst(t *testing.T) {
 			t.Errorf("handle burst%d holds %v (%v), its caller was told %s", i, held, err, ip)
 		}
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var counted float64
-	for _, mf := range mfs {
-		if mf.GetName() == "tabby_cni_agent_assign_batch_size" {
-			h := mf.GetMetric()[0].GetHistogram()
-			counted = h.GetSampleSum()
-			t.Logf("%d assignments in %d batches", n, h.GetSampleCount())
-		}
-	}
-	if counted != n {
-		t.Errorf("the batches counted %v assignments, want %d", counted, n)
-	}
-	for i := range n - 1 {
-		if err := cl.ReleaseHandle(ctx, fmt.Sprintf("net.burst%d", i), w.node); err != nil {
+	batched := func(metric, what string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
 			t.Fatal(err)
 		}
+		for _, mf := range mfs {
+			if mf.GetName() == metric {
+				h := mf.GetMetric()[0].GetHistogram()
+				t.Logf("%v %s in %d batches", h.GetSampleSum(), what, h.GetSampleCount())
+				return h.GetSampleSum()
+			}
+		}
+		return 0
+	}
+	if counted := batched("tabby_cni_agent_assign_batch_size", "assignments"); counted != n {
+		t.Errorf("the batches counted %v assignments, want %d", counted, n)
+	}
+	for i := range n { // burst29 holds nothing
+		wg.Go(func() {
+			errs[i] = cl.ReleaseHandle(ctx, fmt.Sprintf("net.burst%d", i), w.node)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("releasing burst%d: %v", i, err)
+		}
+	}
+	if counted := batched("tabby_cni_agent_release_batch_size", "releases"); counted != n {
+		t.Errorf("the batches counted %v releases, want %d", counted, n)
 	}
 	blocks, err := w.ds.IPAMBlocks.List(ctx, metav1.ListOptions{LabelSelector: tabbyv1.LabelNode + "=" + ipam.NodeLabelValue(w.node)})
 	if err != nil {

@@ -16,6 +16,8 @@ type metrics struct {
 	commands   *prometheus.HistogramVec
 	// assignBatch: how many assignments were answered together.
 	assignBatch prometheus.Histogram
+	// releaseBatch: how many releases were answered together.
+	releaseBatch prometheus.Histogram
 }
 
 func newMetrics() metrics {
@@ -52,6 +54,11 @@ func newMetrics() metrics {
 			Help:    "Assignments the CNI agent answered together: those that queued while another was written (several pods starting at once), served from one block in one write where they can.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
+		releaseBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tabby_cni_agent_release_batch_size",
+			Help:    "Releases the CNI agent answered together: those that queued while another was written (several pods deleted at once), freed from one block in one write where they can.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 	}
 }
 
@@ -69,5 +76,5 @@ func NewMetrics(r prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m metrics) register(r prometheus.Registerer) error {
-	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode), r.Register(m.commands), r.Register(m.assignBatch))
+	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode), r.Register(m.commands), r.Register(m.assignBatch), r.Register(m.releaseBatch))
 }
