@@ -44,6 +44,7 @@ func newNATWorker(log *slog.Logger, metrics *routingMetrics, resync time.Duratio
 	w.loop = loop.New(loop.Config{
 		Pass:    w.pass,
 		MinGap:  minReconcileGap,
+		Burst:   reconcileBurst,
 		Resync:  resync,
 		Backoff: loop.Backoff{Min: retryAfter, Max: retryAfter},
 	})

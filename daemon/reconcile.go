@@ -38,6 +38,10 @@ const (
 	// minReconcileGap spaces reconciles under a storm of events: what
 	// arrives meanwhile is coalesced into the next one.
 	minReconcileGap = 20 * time.Millisecond
+	// reconcileBurst reconciles may run back to back after a quiet
+	// spell (loop.Config.Burst): a claimed block's route arriving a
+	// millisecond after the block is not held for minReconcileGap.
+	reconcileBurst = 3
 	// retryAfter is when a reconcile that failed part-way runs again.
 	retryAfter = 2 * time.Second
 )
@@ -143,6 +147,7 @@ func newRouter(cfg routerConfig) *router {
 	r.loop = loop.New(loop.Config{
 		Pass:    r.reconcile,
 		MinGap:  minReconcileGap,
+		Burst:   reconcileBurst,
 		Resync:  cfg.Resync,
 		Backoff: loop.Backoff{Min: retryAfter, Max: retryAfter},
 		Wake:    r.speakerChanges,

@@ -62,6 +62,10 @@ const (
 	// DefaultMinSyncGap spaces syncs under a storm of events: what
 	// arrives meanwhile is coalesced into the next sync.
 	DefaultMinSyncGap = 10 * time.Millisecond
+	// syncBurst syncs may run back to back after a quiet spell
+	// (loop.Config.Burst): a new pod's address arriving a millisecond
+	// after the pod is not held for the gap while its ADD waits.
+	syncBurst = 3
 	// retryMin and retryMax bound the back-off after a failed sync.
 	retryMin = time.Second
 	retryMax = 30 * time.Second
@@ -233,6 +237,7 @@ func New(cfg Config) (*Controller, error) {
 	c.loop = loop.New(loop.Config{
 		Pass:    c.sync,
 		MinGap:  cfg.MinSyncGap,
+		Burst:   syncBurst,
 		Resync:  cfg.Resync,
 		Backoff: loop.Backoff{Min: retryMin, Max: retryMax, Factor: 2},
 		Task:    loop.Task{Every: cfg.JumpCheck, Do: c.checkJumps},

@@ -57,8 +57,15 @@ type Config struct {
 	// Pass does one full pass; an error retries it after Backoff.
 	Pass func(ctx context.Context) error
 	// MinGap spaces passes under a storm of triggers: what arrives
-	// meanwhile is coalesced into the next pass.
+	// meanwhile is coalesced into the next pass. Burst passes may run
+	// back to back after a quiet spell, then one every MinGap (a token
+	// bucket, as kube-proxy's BoundedFrequencyRunner): the event that
+	// follows another by a millisecond (a pod's address right after the
+	// pod, a route right after its block) is not held for MinGap, while
+	// a storm runs no more passes than MinGap allows. Burst 0 counts
+	// as 1: a pass at most every MinGap.
 	MinGap time.Duration
+	Burst  int
 	// Resync runs a pass this often without a trigger (0: never).
 	Resync  time.Duration
 	Backoff Backoff
@@ -124,12 +131,12 @@ func (l *Loop) Run(ctx context.Context) error {
 	task, stopTask := ticker(l.cfg.Task.Every)
 	defer stopTask()
 	defer l.stopRetry()
-	var last time.Time
+	gap := gapBucket{burst: float64(max(l.cfg.Burst, 1)), every: l.cfg.MinGap}
 	for {
 		if !l.wait(ctx, resync, task) {
 			return nil
 		}
-		if !sleep(ctx, l.cfg.MinGap-time.Since(last)) {
+		if !sleep(ctx, gap.take(time.Now())) {
 			return nil
 		}
 		// Drain what arrived meanwhile: this pass covers it.
@@ -137,7 +144,6 @@ func (l *Loop) Run(ctx context.Context) error {
 		case <-l.dirty:
 		default:
 		}
-		last = time.Now()
 		err := l.cfg.Pass(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -215,6 +221,35 @@ func (l *Loop) stopRetry() {
 	if l.retry != nil {
 		l.retry.Stop()
 	}
+}
+
+// gapBucket holds the tokens of passes: burst at most, one more every
+// every.
+type gapBucket struct {
+	burst, tokens float64
+	every         time.Duration
+	at            time.Time // when tokens was counted; zero: full
+}
+
+// take takes a token for a pass starting at now, or after the wait it
+// returns.
+func (g *gapBucket) take(now time.Time) time.Duration {
+	if g.every <= 0 {
+		return 0
+	}
+	if g.at.IsZero() {
+		g.tokens = g.burst
+	} else {
+		g.tokens = min(g.burst, g.tokens+float64(now.Sub(g.at))/float64(g.every))
+	}
+	g.at = now
+	var wait time.Duration
+	if g.tokens < 1 {
+		wait = time.Duration((1 - g.tokens) * float64(g.every))
+		g.tokens, g.at = 1, now.Add(wait)
+	}
+	g.tokens--
+	return wait
 }
 
 // ticker is a ticker's channel, nil (never ready) for a zero period; stop

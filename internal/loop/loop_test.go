@@ -321,3 +321,37 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestGapBucket: after a quiet spell Burst passes start at once, then one
+// every MinGap; tokens come back with time, never more than Burst; Burst 1
+// is a pass at most every MinGap counted from the last start; no MinGap
+// never waits.
+func TestGapBucket(t *testing.T) {
+	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+	t0 := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name  string
+		burst float64
+		every time.Duration
+		at    []float64 // pass triggers, ms after t0
+		want  []float64 // waits, ms
+	}{
+		{"burst of three, then spaced", 3, ms(10), []float64{0, 1, 2, 3, 4}, []float64{0, 0, 0, 7, 16}},
+		{"tokens come back", 3, ms(10), []float64{0, 1, 2, 50, 51, 52, 53}, []float64{0, 0, 0, 0, 0, 0, 7}},
+		{"never above the burst", 2, ms(10), []float64{0, 1000, 1001, 1002}, []float64{0, 0, 0, 8}},
+		{"burst one: MinGap from the last start", 1, ms(10), []float64{0, 3, 30, 31}, []float64{0, 7, 0, 9}},
+		{"no MinGap", 3, 0, []float64{0, 0, 0, 0, 0}, []float64{0, 0, 0, 0, 0}},
+	} {
+		g := gapBucket{burst: tc.burst, every: tc.every}
+		var got []float64
+		for _, at := range tc.at {
+			got = append(got, float64(g.take(t0.Add(ms(at))))/float64(time.Millisecond))
+		}
+		for i := range got {
+			if d := got[i] - tc.want[i]; d > 0.001 || d < -0.001 {
+				t.Errorf("%s: waits %v, want %v", tc.name, got, tc.want)
+				break
+			}
+		}
+	}
+}
