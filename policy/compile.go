@@ -106,6 +106,7 @@ type compiler struct {
 	sets     map[string]*Set
 	made     map[string]*Set
 	cur      map[string]*Set
+	curBuf   map[string]*Set // cur's storage, cleared per policy
 	limits   Limits
 	netMemo  map[string]*[2][]string
 	stamp    []int // per endpoint, for de-duplicating set members
@@ -118,6 +119,7 @@ type compiler struct {
 	nextPods     map[*corev1.Pod]*podMemo
 	nextMembers  map[string]*membersMemo
 	nextNamed    map[string][]string
+	nextSigs     map[string]*sigMemo
 	reused       bool    // the endpoints are the last compile's (reuseEndpoints)
 	moved        []moved // endpoints reuseEndpoints moved to other groups
 	rec          *[]setUse

@@ -247,7 +247,7 @@ func (c *compiler) emitFamily(fam int, family string, sigs []*signature) {
 	// not, made for nothing; emit leaves those out too).
 	named := map[string]bool{}
 	for _, s := range present {
-		rules := s.rules(c.logRule(s.logPrefix()))
+		rules := c.sigRules(s)
 		add(s.name, rules)
 		for _, r := range rules {
 			if i := slices.Index(r, "-j"); i >= 0 && i+1 < len(r) {
@@ -540,7 +540,12 @@ func (c *compiler) policyChains(p *cpolicy) {
 // the Ruleset and it returns ""; over them, it says what is over and the
 // flag that raises the limit, and the sets are not made.
 func (c *compiler) limitedRules(used [directions]bool, rules *[directions][2][][]string, gen func(direction, int) [][]string) (over, flag string) {
-	c.cur = map[string]*Set{}
+	// One map serves every policy of the compile: most name few sets.
+	if c.curBuf == nil {
+		c.curBuf = map[string]*Set{}
+	}
+	clear(c.curBuf)
+	c.cur = c.curBuf
 	defer func() { c.cur = nil }()
 	most := 0
 	for fam := range families {
@@ -566,15 +571,21 @@ func (c *compiler) limitedRules(used [directions]bool, rules *[directions][2][][
 // within them.
 func (c *compiler) overLimits(rules int) (msg, flag string) {
 	l := c.limits
-	names := slices.Sorted(maps.Keys(c.cur))
-	for _, n := range names {
-		if m := len(c.cur[n].Members); m > l.SetMembers {
-			return fmt.Sprintf("its %s make the ipset %s of %d members, over the limit of %d members per set (tabbyd --%s)",
-				setContent(n), n, m, l.SetMembers, FlagMaxSetMembers), FlagMaxSetMembers
+	for _, s := range c.cur {
+		if len(s.Members) <= l.SetMembers {
+			continue
+		}
+		// The first set over the limit by name, so that the message
+		// is the same every time.
+		for _, n := range slices.Sorted(maps.Keys(c.cur)) {
+			if m := len(c.cur[n].Members); m > l.SetMembers {
+				return fmt.Sprintf("its %s make the ipset %s of %d members, over the limit of %d members per set (tabbyd --%s)",
+					setContent(n), n, m, l.SetMembers, FlagMaxSetMembers), FlagMaxSetMembers
+			}
 		}
 	}
-	if len(names) > l.Sets {
-		return fmt.Sprintf("its rules name %d ipsets, over the limit of %d per policy (tabbyd --%s)", len(names), l.Sets, FlagMaxPolicySets), FlagMaxPolicySets
+	if len(c.cur) > l.Sets {
+		return fmt.Sprintf("its rules name %d ipsets, over the limit of %d per policy (tabbyd --%s)", len(c.cur), l.Sets, FlagMaxPolicySets), FlagMaxPolicySets
 	}
 	if rules > l.Rules {
 		return fmt.Sprintf("its rules make %d iptables rules, over the limit of %d per policy (tabbyd --%s)", rules, l.Rules, FlagMaxRules), FlagMaxRules

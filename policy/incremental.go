@@ -34,7 +34,9 @@ import (
 //     objects, and no endpoint that moved to another group matches a
 //     peer of the set before or after;
 //   - of the named port sets, their members, while the endpoints are
-//     kept as above (a label change moves no named port).
+//     kept as above (a label change moves no named port);
+//   - of a signature chain, its rules, while it jumps to the same chains
+//     in the same order and the denied-packet log is the same.
 //
 // What else depends on several objects is worked out afresh every time,
 // and is cheap: which policies select which local pods, the members of
@@ -64,6 +66,8 @@ type Incremental struct {
 	// named are the members of the last compile's named port sets, by
 	// set name.
 	named map[string][]string
+	// sigs are the rules of the last compile's signature chains, by name.
+	sigs map[string]*sigMemo
 	// reused counts the compiles that took their endpoints from memory.
 	reused int
 }
@@ -93,8 +97,9 @@ func (x *Incremental) Compile(in *Input) *Ruleset {
 	c.memo = x
 	c.nextPolicies = make(map[*networkingv1.NetworkPolicy]*policyMemo, len(in.Policies))
 	c.nextNamed = make(map[string][]string, len(x.named))
+	c.nextSigs = make(map[string]*sigMemo, len(x.sigs))
 	rs := c.run() // loadEndpoints makes c.nextPods and c.nextMembers
-	x.policies, x.pods, x.members, x.named = c.nextPolicies, c.nextPods, c.nextMembers, c.nextNamed
+	x.policies, x.pods, x.members, x.named, x.sigs = c.nextPolicies, c.nextPods, c.nextMembers, c.nextNamed, c.nextSigs
 	return rs
 }
 
@@ -102,7 +107,58 @@ func (x *Incremental) Compile(in *Input) *Ruleset {
 // from nothing.
 func (x *Incremental) Forget() {
 	x.policies, x.pods, x.ranked, x.sorted, x.endpoints = nil, nil, nil, nil, nil
-	x.members, x.namespaces, x.named = nil, nil, nil
+	x.members, x.namespaces, x.named, x.sigs = nil, nil, nil, nil
+}
+
+// sigMemo is what a signature chain compiled to, and what it depends on
+// beyond its name: the chains it jumps to (the name hashes the policies'
+// keys, not their chains) and the log of what it drops.
+type sigMemo struct {
+	targets []sigTarget
+	log     DeniedLog
+	logged  bool
+	rules   [][]string
+}
+
+// sigTarget is one policy a signature chain jumps to.
+type sigTarget struct {
+	key, chain string
+	admin      bool
+}
+
+// sigTargets lists what the rules of s depend on, in order.
+func sigTargets(s *signature) []sigTarget {
+	out := make([]sigTarget, 0, len(s.cnps)+len(s.pols))
+	for _, p := range s.cnps {
+		out = append(out, sigTarget{key: p.name, chain: p.chain(s.dir), admin: p.admin})
+	}
+	for _, p := range s.pols {
+		out = append(out, sigTarget{key: p.key, chain: p.chain(s.dir)})
+	}
+	return out
+}
+
+// sigRules are the rules of signature s's chain: from memory when it
+// jumps to the same chains with the same log as in the last compile.
+func (c *compiler) sigRules(s *signature) [][]string {
+	if c.memo == nil {
+		return s.rules(c.logRule(s.logPrefix()))
+	}
+	var log DeniedLog
+	if c.in.DeniedLog != nil {
+		log = *c.in.DeniedLog
+	}
+	if m := c.nextSigs[s.name]; m != nil {
+		return m.rules // the other family's
+	}
+	targets := sigTargets(s)
+	if m := c.memo.sigs[s.name]; m != nil && m.logged == (c.in.DeniedLog != nil) && m.log == log && slices.Equal(m.targets, targets) {
+		c.nextSigs[s.name] = m
+		return m.rules
+	}
+	m := &sigMemo{targets: targets, log: log, logged: c.in.DeniedLog != nil, rules: s.rules(c.logRule(s.logPrefix()))}
+	c.nextSigs[s.name] = m
+	return m.rules
 }
 
 // policyMemo is what a NetworkPolicy compiles to on its own.

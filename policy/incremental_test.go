@@ -87,6 +87,7 @@ type seqWorld struct {
 	cnps       []*cnpv1.ClusterNetworkPolicy
 	limits     Limits
 	deny       bool
+	log        *DeniedLog
 	next       int
 	last       string
 }
@@ -105,14 +106,14 @@ func newSeqWorld(g *gen, r *rand.Rand) *seqWorld {
 func (s *seqWorld) input() *Input {
 	return &Input{Node: "n1", Namespaces: slices.Clone(s.namespaces), Endpoints: slices.Clone(s.endpoints),
 		Policies: slices.Clone(s.policies), ClusterPolicies: slices.Clone(s.cnps), Nodes: s.w.nodeObjs,
-		Limits: s.limits, DenyUnlisted: s.deny}
+		Limits: s.limits, DenyUnlisted: s.deny, DeniedLog: s.log}
 }
 
 // change makes one random change, recorded in s.last.
 func (s *seqWorld) change() {
 	g, r := s.g, s.r
 	s.next++
-	switch k := r.Intn(12); {
+	switch k := r.Intn(13); {
 	case k < 3 && len(s.endpoints) > 0: // relabel pods, or give one host networking
 		s.last = "relabelling pod"
 		for range 1 + r.Intn(2) {
@@ -200,6 +201,12 @@ func (s *seqWorld) change() {
 		i := r.Intn(len(s.cnps))
 		s.last = "deleting ClusterNetworkPolicy " + s.cnps[i].Name
 		s.cnps = slices.Delete(s.cnps, i, i+1)
+	case k == 12: // log what is denied, or not, or at another rate
+		s.log = nil
+		if r.Intn(3) > 0 {
+			s.log = &DeniedLog{Group: uint16(r.Intn(3)), PerSource: r.Intn(3)}
+		}
+		s.last = fmt.Sprintf("denied log %+v", s.log)
 	default:
 		s.last = "nothing"
 	}
