@@ -314,20 +314,7 @@ func (a *Agent) assign(ctx context.Context, r agentapi.AssignRequest) (agentapi.
 	}
 	a.awaitRecord(ctx, r.HandleID)
 	call := &assignCall{ctx: ctx, req: req, done: make(chan assignOutcome, 1)}
-	a.queueMu.Lock()
-	a.queue = append(a.queue, call)
-	a.queueMu.Unlock()
-	a.mu.Lock()
-	a.queueMu.Lock()
-	batch := a.queue
-	a.queue = nil
-	a.queueMu.Unlock()
-	if len(batch) > 0 {
-		a.assignBatch(batch)
-	}
-	a.mu.Unlock()
-	// This call was in this batch or in one that an earlier holder of mu
-	// took, and answered before it let mu go.
+	drain(a, &a.queue, call, a.assignBatch)
 	o := <-call.done
 	if o.err != nil {
 		return agentapi.AssignResponse{}, o.err
@@ -443,20 +430,27 @@ func (a *Agent) release(ctx context.Context, r agentapi.HandleRequest) (agentapi
 	}
 	a.awaitRecord(ctx, r.HandleID)
 	call := &releaseCall{ctx: ctx, handleID: r.HandleID, done: make(chan error, 1)}
+	drain(a, &a.releases, call, a.releaseBatch)
+	return agentapi.Empty{}, <-call.done
+}
+
+// drain queues call on q, then takes mu and answers with run everything
+// queued there. When it returns, call has been answered: in this batch or
+// in one that an earlier holder of mu took, and answered before it let mu
+// go.
+func drain[T any](a *Agent, q *[]T, call T, run func([]T)) {
 	a.queueMu.Lock()
-	a.releases = append(a.releases, call)
+	*q = append(*q, call)
 	a.queueMu.Unlock()
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.queueMu.Lock()
-	batch := a.releases
-	a.releases = nil
+	batch := *q
+	*q = nil
 	a.queueMu.Unlock()
 	if len(batch) > 0 {
-		a.releaseBatch(batch)
+		run(batch)
 	}
-	a.mu.Unlock()
-	// As with assign: answered by this holder of mu or an earlier one.
-	return agentapi.Empty{}, <-call.done
 }
 
 // releaseCall is a release waiting for mu.
