@@ -9,7 +9,8 @@
 // plugin needs no lock file then). Reads come from the caches, and stale
 // reads are safe because every write is a compare-and-swap (ipam.Source).
 // The IPAMHandle of an assignment from the node's own blocks is written
-// right after the answer (ipam.AssignDeferred): until then the allocation
+// shortly after the answer, once the ADD is likely done (recordDelay;
+// ipam.AssignDeferred): until then the allocation
 // is found through the blocks, which carry the handle, and the agent makes
 // a release or CHECK of that handle wait for the write.
 //
@@ -99,7 +100,7 @@ type Agent struct {
 	releases []*releaseCall
 
 	pendingMu sync.Mutex
-	pending   map[string]chan struct{} // handle ID -> closed once recorded
+	pending   map[string]*pendingRecord // by handle ID
 	records   sync.WaitGroup
 
 	otherNodes sync.Map // node names of refused requests for other nodes (warned once)
@@ -120,7 +121,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log.With("component", "cni-agent"), pending: map[string]chan struct{}{}, met: newMetrics()}
+	a := &Agent{cfg: cfg, log: cfg.Log.With("component", "cni-agent"), pending: map[string]*pendingRecord{}, met: newMetrics()}
 	a.caches = NewCaches(cfg.DS, cfg.NodeName)
 	a.caches.podLookup = func(source string) { a.met.podLookups.WithLabelValues(source).Inc() }
 	if cfg.Policy != nil {
@@ -379,24 +380,53 @@ func (a *Agent) assignBatch(batch []*assignCall) {
 	}
 }
 
-// recordLater writes a handle while the answer goes out. Called with mu
-// held, so that a release of the same handle waits for it.
+// recordDelay is how long after answering an assignment the agent waits
+// before it writes the handle. Nothing needs the handle object sooner (the
+// blocks carry the handle), and the write is the API server's and
+// tabbyd's work: on a node whose CPUs are busy while the plugin wires the
+// pod (2 cores: the plugin, tabbyd, the API server), writing it at once
+// made every ADD about 2 ms slower. A release or CHECK of the handle, and
+// tabbyd's shutdown, have it written at once.
+const recordDelay = 50 * time.Millisecond
+
+// pendingRecord is a handle write under way: done is closed once it is
+// written (or failed), and closing now (once) writes it without waiting
+// out recordDelay.
+type pendingRecord struct {
+	done    chan struct{}
+	now     chan struct{}
+	nowOnce sync.Once
+}
+
+// recordLater writes a handle recordDelay after the answer goes out.
+// Called with mu held, so that a release of the same handle waits for it.
 func (a *Agent) recordLater(handleID string, record func(context.Context) error) {
-	done := make(chan struct{})
+	p := &pendingRecord{done: make(chan struct{}), now: make(chan struct{})}
 	a.pendingMu.Lock()
-	a.pending[handleID] = done
+	a.pending[handleID] = p
 	a.pendingMu.Unlock()
 	a.records.Add(1)
+	stopping := a.stopping
+	if stopping == nil {
+		stopping = context.Background()
+	}
 	go func() {
 		defer a.records.Done()
 		defer func() {
 			a.pendingMu.Lock()
-			if a.pending[handleID] == done {
+			if a.pending[handleID] == p {
 				delete(a.pending, handleID)
 			}
 			a.pendingMu.Unlock()
-			close(done)
+			close(p.done)
 		}()
+		t := time.NewTimer(recordDelay)
+		select {
+		case <-t.C:
+		case <-p.now:
+		case <-stopping.Done():
+		}
+		t.Stop()
 		ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
 		defer cancel()
 		if err := record(ctx); err != nil {
@@ -410,16 +440,18 @@ func (a *Agent) recordLater(handleID string, record func(context.Context) error)
 	}()
 }
 
-// awaitRecord waits until the handle's pending write (if any) is done.
+// awaitRecord has the handle's pending write (if any) done now, and waits
+// for it.
 func (a *Agent) awaitRecord(ctx context.Context, handleID string) {
 	a.pendingMu.Lock()
-	done := a.pending[handleID]
+	p := a.pending[handleID]
 	a.pendingMu.Unlock()
-	if done == nil {
+	if p == nil {
 		return
 	}
+	p.nowOnce.Do(func() { close(p.now) })
 	select {
-	case <-done:
+	case <-p.done:
 	case <-ctx.Done():
 	}
 }

@@ -218,8 +218,9 @@ func runAgent(t *testing.T, w *world, reg prometheus.Registerer) (*Agent, *agent
 }
 
 // TestAgent: the agent serves the endpoints on a socket only its owner may
-// use; a release right after an assignment (its handle still being
-// written) frees everything; IPAM's errors come back as they are.
+// use; a release right after an assignment (its handle not yet written)
+// frees everything; a handle nobody asks about is written anyway; IPAM's
+// errors come back as they are.
 func TestAgent(t *testing.T) {
 	w := newWorld(t)
 	ctx := testCtx(t)
@@ -266,6 +267,16 @@ func TestAgent(t *testing.T) {
 		t.Errorf("node-handles: %v, %v", hs, err)
 	}
 
+	// A handle nobody asks about is written shortly after the answer
+	// (recordDelay), on its own.
+	if _, err := cl.Assign(ctx, agentapi.AssignRequest{HandleID: "net.c4", Node: w.node, IPv4: true}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the handle object of an assignment nobody asked about", func() bool {
+		h, err := w.ds.IPAMHandles.Get(ctx, ipam.HandleObjectName("net.c4"), metav1.GetOptions{})
+		return err == nil && h.Spec.HandleID == "net.c4"
+	})
+
 	_, err = cl.Assign(ctx, agentapi.AssignRequest{HandleID: "net.c3", Node: w.node, IPv4: true, IPv4Pools: []string{"no-such-pool"}})
 	var ae *agentapi.Error
 	if !errors.As(err, &ae) || !strings.Contains(ae.Message, `requested pool "no-such-pool" does not exist`) || ae.Unreachable {
@@ -294,7 +305,7 @@ func TestAgent(t *testing.T) {
 			counts[ep+"/"+res] = m.GetCounter().GetValue()
 		}
 	}
-	if counts["assign/ok"] != 2 || counts["assign/error"] != 1 || counts["release-handle/ok"] != 1 {
+	if counts["assign/ok"] != 3 || counts["assign/error"] != 1 || counts["release-handle/ok"] != 1 {
 		t.Errorf("request counts %v", counts)
 	}
 }
