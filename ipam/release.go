@@ -126,8 +126,7 @@ func (m *IPAM) ReleaseHandle(ctx context.Context, handleID, node string) error {
 				return err
 			}
 		}
-		uid, rv := h.UID, h.ResourceVersion
-		err = m.ds.IPAMHandles.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		err = m.deleteHandle(ctx, h)
 		switch {
 		case err == nil, apierrors.IsNotFound(err):
 			return nil
@@ -138,6 +137,13 @@ func (m *IPAM) ReleaseHandle(ctx context.Context, handleID, node string) error {
 		}
 	}
 	return fmt.Errorf("handle %s kept changing under %d attempts to release it; try again", handleID, maxRetries)
+}
+
+// deleteHandle deletes handle object h only as read: a handle that changed
+// since (it gained or lost addresses) fails with a conflict.
+func (m *IPAM) deleteHandle(ctx context.Context, h *tabbyv1.IPAMHandle) error {
+	uid, rv := h.UID, h.ResourceVersion
+	return m.ds.IPAMHandles.Delete(ctx, h.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 }
 
 func holds(b *tabbyv1.IPAMBlock, handleID string) bool {
@@ -269,8 +275,7 @@ func (m *IPAM) ReleaseHandles(ctx context.Context, handleIDs []string, node stri
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			uid, rv := h.UID, h.ResourceVersion
-			err := m.ds.IPAMHandles.Delete(ctx, h.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+			err := m.deleteHandle(ctx, h)
 			switch {
 			case err == nil, apierrors.IsNotFound(err):
 			default: // changed meanwhile (a conflict), or an error ReleaseHandle meets again
@@ -430,8 +435,7 @@ func (m *IPAM) shrinkHandle(ctx context.Context, handleID string, delta map[stri
 			}
 		}
 		if total == 0 {
-			uid, rv := h.UID, h.ResourceVersion
-			err = m.ds.IPAMHandles.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+			err = m.deleteHandle(ctx, h)
 		} else {
 			_, err = m.ds.IPAMHandles.Update(ctx, n, metav1.UpdateOptions{})
 		}
