@@ -11,6 +11,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Backoff is how long a loop waits before retrying after failures in a
@@ -131,7 +133,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	task, stopTask := ticker(l.cfg.Task.Every)
 	defer stopTask()
 	defer l.stopRetry()
-	gap := gapBucket{burst: float64(max(l.cfg.Burst, 1)), every: l.cfg.MinGap}
+	gap := newGapBucket(l.cfg.Burst, l.cfg.MinGap)
 	for {
 		if !l.wait(ctx, resync, task) {
 			return nil
@@ -223,33 +225,22 @@ func (l *Loop) stopRetry() {
 	}
 }
 
-// gapBucket holds the tokens of passes: burst at most, one more every
-// every.
-type gapBucket struct {
-	burst, tokens float64
-	every         time.Duration
-	at            time.Time // when tokens was counted; zero: full
+// gapBucket spaces passes: burst at once, then one every every (a token
+// bucket: golang.org/x/time/rate's Limiter).
+type gapBucket struct{ lim *rate.Limiter }
+
+func newGapBucket(burst int, every time.Duration) gapBucket {
+	limit := rate.Inf
+	if every > 0 {
+		limit = rate.Every(every)
+	}
+	return gapBucket{lim: rate.NewLimiter(limit, max(burst, 1))}
 }
 
 // take takes a token for a pass starting at now, or after the wait it
 // returns.
-func (g *gapBucket) take(now time.Time) time.Duration {
-	if g.every <= 0 {
-		return 0
-	}
-	if g.at.IsZero() {
-		g.tokens = g.burst
-	} else {
-		g.tokens = min(g.burst, g.tokens+float64(now.Sub(g.at))/float64(g.every))
-	}
-	g.at = now
-	var wait time.Duration
-	if g.tokens < 1 {
-		wait = time.Duration((1 - g.tokens) * float64(g.every))
-		g.tokens, g.at = 1, now.Add(wait)
-	}
-	g.tokens--
-	return wait
+func (g gapBucket) take(now time.Time) time.Duration {
+	return g.lim.ReserveN(now, 1).DelayFrom(now)
 }
 
 // ticker is a ticker's channel, nil (never ready) for a zero period; stop

@@ -331,7 +331,7 @@ func TestGapBucket(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
 		name  string
-		burst float64
+		burst int
 		every time.Duration
 		at    []float64 // pass triggers, ms after t0
 		want  []float64 // waits, ms
@@ -342,7 +342,7 @@ func TestGapBucket(t *testing.T) {
 		{"burst one: MinGap from the last start", 1, ms(10), []float64{0, 3, 30, 31}, []float64{0, 7, 0, 9}},
 		{"no MinGap", 3, 0, []float64{0, 0, 0, 0, 0}, []float64{0, 0, 0, 0, 0}},
 	} {
-		g := gapBucket{burst: tc.burst, every: tc.every}
+		g := newGapBucket(tc.burst, tc.every)
 		var got []float64
 		for _, at := range tc.at {
 			got = append(got, float64(g.take(t0.Add(ms(at))))/float64(time.Millisecond))
