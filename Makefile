@@ -78,14 +78,15 @@ e2e: deps build controlplane runtime
 ## interleaved iterations, then three bursts of 100 pods (1 to 2 minutes);
 ## then NetworkPolicy: full sync of 1,000 policies over 5,000 pods, rule
 ## count against policies and pods, 50 label flips end to end through
-## tabbyd's controller, iperf3 with and without policies (about 4 minutes);
+## tabbyd's controller, iperf3 with and without policies, 9 rounds (about 6
+## minutes);
 ## then route convergence, BGP sessions and tabbyd memory with 10 and 30
 ## nodes running tabbyd alone, full mesh against route reflectors, and IPv4
 ## against IPv6 blocks on 10 dual-stack nodes (about 3 minutes); pod start-up on 3 real nodes and what a node costs (about 2
 ## minutes); then the
 ## scheduler extender: filter+prioritize p50/p99 at 5,000 nodes and 50,000
 ## pods, and pods/s of the real kube-scheduler with and without it (1,000
-## pods on 500 nodes; about 1 minute)
+## pods on 500 nodes, 3 interleaved rounds; about 2 minutes)
 bench: deps build controlplane runtime
 	export $(LABENV); \
 	go test -count=1 -timeout 30m -run '^$$' -bench AddDel -benchtime 200x ./test/bench/... && \
@@ -93,11 +94,11 @@ bench: deps build controlplane runtime
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolFullSync -benchtime 3x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolRuleCount -benchtime 1x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolLabelFlip -benchtime 50x ./test/bench/... && \
-	go test -count=1 -timeout 30m -run '^$$' -bench NetpolThroughput -benchtime 3x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench NetpolThroughput -benchtime 9x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench RouteConvergence -benchtime 1x ./test/bench/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench PodStartup -benchtime 1x ./test/labtest/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench BenchmarkExtender -benchtime 200x ./scheduler-extender/plugins/ && \
-	go test -count=1 -timeout 30m -run '^$$' -bench SchedulingThroughput -benchtime 1x ./test/schedtest/
+	go test -count=1 -timeout 30m -run '^$$' -bench SchedulingThroughput -benchtime 3x ./test/schedtest/
 
 ## e2e-upstream: Kubernetes' own NetworkPolicy suite (50 specs) and
 ## sig-network conformance specs (47) against a 3-node lab, then the table
