@@ -50,6 +50,7 @@ import (
 
 	"github.com/tabbynet/tabby/daemon/netpol"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/benchstat"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/internal/netnstest"
@@ -961,7 +962,7 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 			b.Logf("packets matched by the rules of tabby's chains during one round: %v", pk)
 		}
 	}
-	mNone, mTracked, mWith := median(none), median(tracked), median(with)
+	mNone, mTracked, mWith := benchstat.Median(none), benchstat.Median(tracked), benchstat.Median(with)
 	b.ReportMetric(mNone, "none-Gbit/s")
 	b.ReportMetric(mTracked, "conntrack-Gbit/s")
 	b.ReportMetric(mWith, "policies-Gbit/s")
@@ -972,15 +973,4 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 	b.ReportMetric(float64(retrWith)/float64(len(with)), "policies-retransmits")
 	b.ReportMetric(float64(rulesetSize(rs).rules), "rules")
 	b.Logf("Gbit/s without policies %.2f, without policies with conntrack on %.2f, with %.2f (%s backend)", none, tracked, with, be.Mode)
-}
-
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

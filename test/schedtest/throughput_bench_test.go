@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 	"k8s.io/utils/ptr"
 
+	"github.com/tabbynet/tabby/internal/benchstat"
 	"github.com/tabbynet/tabby/internal/controlplane"
 	"github.com/tabbynet/tabby/internal/controlplane/clustertest"
 )
@@ -132,9 +132,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	// shared machine hides what it costs.
 	cpu := map[string]time.Duration{}
 	var ratios []float64
-	n := 0
 	for i := 0; b.Loop(); i++ {
-		n++
 		for j := range scheds {
 			sched := scheds[(i+j)%len(scheds)]
 			cpu0 := processCPU(b, extender.Pid())
@@ -149,24 +147,13 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		if sched == plainScheduler {
 			name = "plain"
 		}
-		b.ReportMetric(median(rate[sched]), name+"-pods/s")
-		b.ReportMetric(float64(cpu[sched])/float64(time.Millisecond)/float64(benchPods*n), name+"-extender-cpu-ms/pod")
+		b.ReportMetric(benchstat.Median(rate[sched]), name+"-pods/s")
+		b.ReportMetric(float64(cpu[sched])/float64(time.Millisecond)/float64(benchPods*len(ratios)), name+"-extender-cpu-ms/pod")
 	}
-	b.ReportMetric(median(ratios), "ratio")
+	b.ReportMetric(benchstat.Median(ratios), "ratio")
 	b.Logf("pods/s with tabby's extender %.1f, with the plain scheduler %.1f; ratios %.2f", rate[scheds[0]], rate[plainScheduler], ratios)
 	// Where the extender's share of the time goes.
 	logPlacementWaits(b)
-}
-
-func median(xs []float64) float64 {
-	s := slices.Sorted(slices.Values(xs))
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func scheduleBatch(b *testing.B, cs kubernetes.Interface, sched string, round int) time.Duration {
