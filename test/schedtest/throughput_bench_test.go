@@ -125,6 +125,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		b.Fatal(ferr)
 	}
 	benchFixture(b, cs)
+	wcs := watchClient(b)
 	scheds := []string{"default-scheduler", plainScheduler}
 	rate := map[string][]float64{}
 	// The extender's CPU (all its threads) per pod: with the plain
@@ -136,7 +137,7 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 		for j := range scheds {
 			sched := scheds[(i+j)%len(scheds)]
 			cpu0 := processCPU(b, extender.Pid())
-			d := scheduleBatch(b, cs, sched, i)
+			d := scheduleBatch(b, cs, wcs, sched, i)
 			cpu[sched] += processCPU(b, extender.Pid()) - cpu0
 			rate[sched] = append(rate[sched], float64(benchPods)/d.Seconds())
 		}
@@ -156,7 +157,9 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	logPlacementWaits(b)
 }
 
-func scheduleBatch(b *testing.B, cs kubernetes.Interface, sched string, round int) time.Duration {
+// scheduleBatch creates the batch's pods through cs and watches for their
+// bindings through wcs (watchClient).
+func scheduleBatch(b *testing.B, cs, wcs kubernetes.Interface, sched string, round int) time.Duration {
 	ctx := context.Background()
 	ns := fmt.Sprintf("bench-%s-%d-%d", sched, round, time.Now().UnixNano()%100000)
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -176,7 +179,6 @@ func scheduleBatch(b *testing.B, cs kubernetes.Interface, sched string, round in
 	// and more of it the slower a scheduler is.
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	wcs := watchClient(b)
 	bound := make(chan error, 1)
 	go func() { bound <- awaitBound(wctx, wcs, ns, benchPods) }()
 	start := time.Now()
