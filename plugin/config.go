@@ -175,6 +175,9 @@ func ConfigError(format string, a ...any) *types.Error {
 	return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(format, a...), "fix the CNI network config (the conflist in /etc/cni/net.d)")
 }
 
+// networkNameRE is libcni's rule for a network's name.
+var networkNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
+
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 // hostname is replaced by tests.
@@ -237,6 +240,12 @@ func configOf(nc *NetConf, data []byte) *Config {
 func (c *Config) loadNetwork(nc *NetConf) error {
 	if c.Name == "" {
 		return ConfigError("tabby: the network config has no \"name\": give the network a name such as \"k8s-pod-network\"")
+	}
+	if !networkNameRE.MatchString(c.Name) {
+		// Handles are "<name>.<containerID>": a name of other characters
+		// could take handles that are not pods' (ipam.SpareHandlePrefix)
+		// for its own in CNI GC.
+		return ConfigError("tabby: the network name %q is not valid: it must begin with a letter or a digit, followed by letters, digits, '_', '.' or '-' (as libcni requires)", c.Name)
 	}
 	if c.CNIVersion == "" {
 		c.CNIVersion = "0.1.0"

@@ -127,6 +127,8 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"mtu too big", `{"name":"n","nodename":"a","mtu":70000,"ipam":{"type":"tabby-ipam"}}`, "mtu 70000 is out of range", types.ErrInvalidNetworkConfig},
 		{"mtu too small for v6", `{"name":"n","nodename":"a","mtu":1000,"ipam":{"type":"tabby-ipam","assignIPv6":true}}`, "too small for IPv6", types.ErrInvalidNetworkConfig},
 		{"no name", `{"nodename":"a","ipam":{"type":"tabby-ipam"}}`, "no \"name\"", types.ErrInvalidNetworkConfig},
+		{"name of a spare handle", `{"name":"_spare","nodename":"a","ipam":{"type":"tabby-ipam"}}`, "network name \"_spare\" is not valid", types.ErrInvalidNetworkConfig},
+		{"name with a slash", `{"name":"a/b","nodename":"a","ipam":{"type":"tabby-ipam"}}`, "must begin with a letter or a digit", types.ErrInvalidNetworkConfig},
 		{"no ipam", `{"name":"n","nodename":"a"}`, "no \"ipam\" section", types.ErrInvalidNetworkConfig},
 		{"no family", `{"name":"n","nodename":"a","ipam":{"type":"tabby-ipam","assignIPv4":false}}`, "both false", types.ErrInvalidNetworkConfig},
 		{"bad timeout", `{"name":"n","nodename":"a","timeout":"soon","ipam":{"type":"tabby-ipam"}}`, "timeout \"soon\"", types.ErrInvalidNetworkConfig},

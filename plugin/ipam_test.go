@@ -161,6 +161,9 @@ func TestIPAMGC(t *testing.T) {
 		"net.gone":     {net.IPv4(10, 0, 0, 2)},
 		"other.gone":   {net.IPv4(10, 0, 0, 3)},
 		"vxlan-tunnel": {net.IPv4(10, 0, 0, 4)},
+		// tabbyd's spare (ipam.SpareHandle): no network's name begins
+		// with '_'.
+		"_spare.n1.0a1b": {net.IPv4(10, 0, 0, 5)},
 	}}
 	if err := ipamGC(context.Background(), c, f, discard); err != nil {
 		t.Fatal(err)

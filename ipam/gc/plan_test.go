@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/ipam"
 )
 
 // The pure half: which allocations, blocks and records are candidates,
@@ -109,6 +110,9 @@ func TestJudge(t *testing.T) {
 	tunnel := tabbyv1.AllocationAttribute{HandleID: "vxlan-tunnel-addr-n1", Use: tabbyv1.UseTunnel, Node: "n1"}
 	tunnelByName := tabbyv1.AllocationAttribute{HandleID: "ipip-tunnel-addr-n1", Node: "n1", Namespace: "ns", Pod: "p"}
 	anon := tabbyv1.AllocationAttribute{HandleID: "net.cnitool", Use: tabbyv1.UseWorkload, Node: "n1"}
+	// A spare tabbyd holds ahead (ipam.AssignSpare): kept while its node
+	// lives, freed once the node is gone.
+	spare := tabbyv1.AllocationAttribute{HandleID: ipam.SpareHandle("n1", "0a1b"), Use: tabbyv1.UseWorkload, Node: "n1"}
 	noNode := Allocation{IP: netip.MustParseAddr(ip), Attr: tabbyv1.AllocationAttribute{HandleID: "x"}}
 	newer := tabbyv1.AllocationAttribute{HandleID: "net.p2", Namespace: "ns", Pod: "p", Node: "n1"}   // the pod's next sandbox
 	second := tabbyv1.AllocationAttribute{HandleID: "net2.p", Namespace: "ns", Pod: "p", Node: "n1"}  // the pod's second network
@@ -156,6 +160,8 @@ func TestJudge(t *testing.T) {
 		{"tunnel by handle name, pod ignored", alloc(tunnelByName), nil, true, nil, ""},
 		{"no pod identity, node alive", alloc(anon), nil, true, nil, ""},
 		{"no pod identity, node gone", alloc(anon), nil, false, nil, ReasonNodeGone},
+		{"spare, node alive", alloc(spare), nil, true, nil, ""},
+		{"spare, node gone", alloc(spare), nil, false, nil, ReasonNodeGone},
 		{"no pod identity and no node", noNode, nil, false, nil, ""},
 		{"a pod name without namespace is no pod identity", alloc(tabbyv1.AllocationAttribute{HandleID: "h", Pod: "p", Node: "n1"}), nil, true, nil, ""},
 	} {

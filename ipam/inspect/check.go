@@ -240,6 +240,8 @@ func describe(a *allocation) string {
 		return fmt.Sprintf("pod %s (handle %s)", a.podKey(), a.attr.HandleID)
 	case a.attr.Use == tabbyv1.UseTunnel:
 		return fmt.Sprintf("node %s's tunnel (handle %s)", a.attr.Node, a.attr.HandleID)
+	case ipam.IsSpareHandle(a.attr.HandleID):
+		return fmt.Sprintf("node %s's spare (handle %s)", a.attr.Node, a.attr.HandleID)
 	}
 	return "handle " + a.attr.HandleID
 }
@@ -267,6 +269,15 @@ func (x *index) checkAllocations() []Finding {
 		if len(users) == 1 {
 			u := users[0]
 			if x.holds(u, a) {
+				continue
+			}
+			if ipam.IsSpareHandle(a.attr.HandleID) && u.Spec.NodeName == a.attr.Node && u.DeletionTimestamp == nil {
+				// Handed to the pod by its node's tabbyd, which moves it to
+				// the pod's handle a moment later (its spares journal).
+				f.Kind, f.Severity, f.Pods = Pending, Note, []string{u.Namespace + "/" + u.Name}
+				f.Message = fmt.Sprintf("pod %s/%s uses %s, which tabbyd on node %s handed it from %s; the block records it as the pod's once tabbyd writes the handover", u.Namespace, u.Name, a.ip, a.attr.Node, describe(a))
+				f.none("none while tabbyd on node " + a.attr.Node + " runs; if it lasts, its log says why")
+				out = append(out, f)
 				continue
 			}
 			f.Kind, f.Severity, f.Pods = Misattributed, Problem, append([]string{u.Namespace + "/" + u.Name}, f.Pods...)

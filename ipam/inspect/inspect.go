@@ -90,6 +90,9 @@ const (
 	// StateReplaced: a node's tunnel address, but the node publishes another
 	// one (and the allocation is older than the grace period).
 	StateReplaced = "replaced"
+	// StateSpare: an address tabbyd's CNI agent holds ahead for the next
+	// pod of its node (ipam.SpareHandle), and the node exists.
+	StateSpare = "spare"
 	// StateNodeGone: recorded without a pod (or a tunnel address) for a node
 	// that does not exist.
 	StateNodeGone = "node-gone"
@@ -99,7 +102,7 @@ const (
 // address that is, or is about to be, in use.
 func inUse(state string) bool {
 	switch state {
-	case StateRunning, StatePending, StateRecent, StateNode:
+	case StateRunning, StatePending, StateRecent, StateNode, StateSpare:
 		return true
 	}
 	return false
@@ -303,6 +306,9 @@ func (x *index) holderState(a *allocation) (string, string) {
 				return StateReplaced, fmt.Sprintf("node %s publishes %s as %s", a.attr.Node, pub, key)
 			}
 			return StateNode, "tunnel address of node " + a.attr.Node
+		}
+		if ipam.IsSpareHandle(a.attr.HandleID) {
+			return StateSpare, "held ahead by tabbyd for the next pod of node " + a.attr.Node
 		}
 		return StateNode, "recorded without a pod; node " + a.attr.Node + " exists"
 	}

@@ -273,6 +273,41 @@ func TestCheck(t *testing.T) {
 			want: []want{{Problem, HandleMismatch, "ipamhandle/net.gone", "kubectl delete ipamhandle net.gone", "the blocks hold no address"}},
 		},
 		{
+			name: "a spare of a live node, without a handle: nothing to say",
+			mutate: func(s *Snapshot) {
+				s.Blocks[1] = mkBlock("10.0.2.0/26", "node2", podAlloc("10.0.2.1", "kube-system", "c", "node2"),
+					alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+			},
+		},
+		{
+			name: "a spare of a deleted node: leaked",
+			mutate: func(s *Snapshot) {
+				s.Blocks[1] = mkBlock("10.0.2.0/26", "node2", alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+				s.Handles, s.Nodes = s.Handles[:3], s.Nodes[:1]
+				s.dropPod("kube-system", "c")
+			},
+			want: []want{{Problem, DeletedNode, "10.0.2.7", "tabbyctl ipam release --ip 10.0.2.7", "node2's spare"},
+				{Problem, DeletedNode, "ipamblock/10-0-2-0-26", "release its addresses", "which does not exist"}},
+		},
+		{
+			name: "a spare handed to a pod of its node, the block not written yet: pending",
+			mutate: func(s *Snapshot) {
+				s.Blocks[1] = mkBlock("10.0.2.0/26", "node2", podAlloc("10.0.2.1", "kube-system", "c", "node2"),
+					alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+				s.Pods = append(s.Pods, mkPod("default", "new", "node2", "10.0.2.7"))
+			},
+			want: []want{{Note, Pending, "10.0.2.7", "", "tabbyd on node node2 handed it from node node2's spare"}},
+		},
+		{
+			name: "a spare used by a pod of another node: misattributed",
+			mutate: func(s *Snapshot) {
+				s.Blocks[1] = mkBlock("10.0.2.0/26", "node2", podAlloc("10.0.2.1", "kube-system", "c", "node2"),
+					alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+				s.Pods = append(s.Pods, mkPod("default", "new", "node1", "10.0.2.7"))
+			},
+			want: []want{{Problem, Misattributed, "10.0.2.7", "kubectl delete pod", "node node2's spare"}},
+		},
+		{
 			name:   "live pod's addresses without a handle: a note",
 			mutate: func(s *Snapshot) { s.Handles = s.Handles[1:] },
 			want:   []want{{Note, HandleMissing, "10.0.1.1", "", "no IPAMHandle records handle net.a"}},
