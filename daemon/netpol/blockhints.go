@@ -7,6 +7,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	tabbyv1 "github.com/tabbynet/tabby/api/v1"
+	"github.com/tabbynet/tabby/ipam"
 )
 
 // blockHints are versions of IPAMBlocks that this node's CNI agent wrote
@@ -170,4 +171,94 @@ func (c *Controller) ObserveBlock(b *tabbyv1.IPAMBlock) {
 	if c.hints.observe(b) {
 		c.markDirty()
 	}
+}
+
+// addressClaims are the claims the agent made and has not withdrawn. A
+// claim changes a sync's input only while the block (the informer's, or a
+// newer hint) still records Holder at its ordinal: once the block has the
+// transfer, or anything else at that address, the block wins.
+type addressClaims struct {
+	mu sync.Mutex
+	m  map[string]map[int]ipam.AddressClaim // block name -> ordinal -> claim
+}
+
+func (c *addressClaims) add(cl []ipam.AddressClaim) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]map[int]ipam.AddressClaim{}
+	}
+	for _, x := range cl {
+		if c.m[x.Block] == nil {
+			c.m[x.Block] = map[int]ipam.AddressClaim{}
+		}
+		c.m[x.Block][x.Ord] = x
+	}
+}
+
+func (c *addressClaims) remove(cl []ipam.AddressClaim) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, x := range cl {
+		if cur, ok := c.m[x.Block][x.Ord]; ok && cur.Holder == x.Holder && cur.Attr.HandleID == x.Attr.HandleID {
+			delete(c.m[x.Block], x.Ord)
+			if len(c.m[x.Block]) == 0 {
+				delete(c.m, x.Block)
+			}
+		}
+	}
+}
+
+// apply puts the claims that still hold into copies of their blocks (the
+// blocks themselves are shared with the informer and are not modified).
+func (c *addressClaims) apply(blocks []*tabbyv1.IPAMBlock) []*tabbyv1.IPAMBlock {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) == 0 {
+		return blocks
+	}
+	for i, b := range blocks {
+		cl := c.m[b.Name]
+		var cp *tabbyv1.IPAMBlock
+		for ord, x := range cl {
+			if ord < 0 || ord >= len(b.Spec.Allocations) {
+				continue
+			}
+			idx := b.Spec.Allocations[ord]
+			if idx < 0 || idx >= len(b.Spec.Attributes) || b.Spec.Attributes[idx].HandleID != x.Holder {
+				continue
+			}
+			if cp == nil {
+				cp = b.DeepCopy()
+			}
+			cp.Spec.Attributes = append(cp.Spec.Attributes, x.Attr)
+			cp.Spec.Allocations[ord] = len(cp.Spec.Attributes) - 1
+		}
+		if cp != nil {
+			blocks[i] = cp
+		}
+	}
+	return blocks
+}
+
+// ObserveClaims is told by this node's CNI agent that it handed spare
+// addresses to a pod (ipam.AddressClaim); the next sync programs the pod with
+// them, before the block records them as the pod's.
+func (c *Controller) ObserveClaims(cl []ipam.AddressClaim) {
+	if len(cl) == 0 {
+		return
+	}
+	c.claims.add(cl)
+	c.markDirty()
+}
+
+// ForgetClaims withdraws claims: the block records the transfer now (its
+// version was handed over with ObserveBlock first), or the pod was deleted
+// before it.
+func (c *Controller) ForgetClaims(cl []ipam.AddressClaim) {
+	if len(cl) == 0 {
+		return
+	}
+	c.claims.remove(cl)
+	c.markDirty()
 }

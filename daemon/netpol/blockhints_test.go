@@ -2,7 +2,9 @@ package netpol
 
 import (
 	"context"
+	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -201,6 +203,63 @@ func TestInformerHas(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := informerHas(tc.hint, tc.held, tc.lastSynced); got != tc.want {
 				t.Errorf("informerHas = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestAddressClaims: a claim shows the pod at its address while the block
+// records the spare's handle there, never when the block records anything
+// else (the transfer, or another holder after a release), and not once
+// withdrawn; the blocks handed in are never modified.
+func TestAddressClaims(t *testing.T) {
+	spare := tabbyv1.AllocationAttribute{HandleID: "_spare.n1.a", Use: tabbyv1.UseWorkload, Node: "n1"}
+	pod := tabbyv1.AllocationAttribute{HandleID: "net.c1", Use: tabbyv1.UseWorkload, Namespace: "ns", Pod: "p", Node: "n1"}
+	other := tabbyv1.AllocationAttribute{HandleID: "net.c2", Use: tabbyv1.UseWorkload, Namespace: "ns", Pod: "q", Node: "n1"}
+	block := func(holder *tabbyv1.AllocationAttribute) *tabbyv1.IPAMBlock {
+		b := &tabbyv1.IPAMBlock{ObjectMeta: metav1.ObjectMeta{Name: "10-0-0-0-30", ResourceVersion: "5"},
+			Spec: tabbyv1.IPAMBlockSpec{CIDR: "10.0.0.0/30", Allocations: []int{-1, -1, -1, -1}}}
+		if holder != nil {
+			b.Spec.Attributes = []tabbyv1.AllocationAttribute{*holder}
+			b.Spec.Allocations[2] = 0
+		}
+		return b
+	}
+	claim := ipam.AddressClaim{Block: "10-0-0-0-30", Ord: 2, Holder: spare.HandleID, Attr: pod}
+	podAt := func(bs []*tabbyv1.IPAMBlock) map[string]string {
+		out := map[string]string{}
+		for _, b := range bs {
+			forEachPodAllocation(b, func(a netip.Addr, at *tabbyv1.AllocationAttribute) { out[a.String()] = at.Namespace + "/" + at.Pod })
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		holder *tabbyv1.AllocationAttribute
+		forget bool
+		want   map[string]string
+	}{
+		{"the block still records the spare", &spare, false, map[string]string{"10.0.0.2": "ns/p"}},
+		{"the block records the transfer", &pod, false, map[string]string{"10.0.0.2": "ns/p"}},
+		{"another pod holds the address now", &other, false, map[string]string{"10.0.0.2": "ns/q"}},
+		{"the address is free", nil, false, map[string]string{}},
+		{"withdrawn", &spare, true, map[string]string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c addressClaims
+			c.add([]ipam.AddressClaim{claim})
+			if tc.forget {
+				c.remove([]ipam.AddressClaim{{Block: claim.Block, Ord: 2, Holder: spare.HandleID, Attr: other}}) // another pod's: no effect
+				c.remove([]ipam.AddressClaim{claim})
+			}
+			b := block(tc.holder)
+			orig := b.DeepCopy()
+			got := podAt(c.apply([]*tabbyv1.IPAMBlock{b}))
+			if !maps.Equal(got, tc.want) {
+				t.Errorf("pods by address %v, want %v", got, tc.want)
+			}
+			if !reflect.DeepEqual(b, orig) {
+				t.Error("apply modified the block it was given")
 			}
 		})
 	}

@@ -187,7 +187,8 @@ type Controller struct {
 	changed chan struct{}
 
 	// hints are the blocks the CNI agent wrote ahead of the watch.
-	hints blockHints
+	hints  blockHints
+	claims addressClaims
 }
 
 // applied is the state one successful sync programmed.
@@ -383,7 +384,7 @@ func (c *Controller) Input() *policy.Input {
 // ClusterNetworkPolicies that could not be decoded.
 func (c *Controller) input(b *InputBuilder) (*policy.Input, []policy.Problem) {
 	in := b.Build(c.cfg.Node, datastore.StoreList[corev1.Pod](c.pods), datastore.StoreList[corev1.Namespace](c.namespaces),
-		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), c.hints.storeBlocks(c.blocks))
+		datastore.StoreList[networkingv1.NetworkPolicy](c.policies), c.claims.apply(c.hints.storeBlocks(c.blocks)))
 	in.DenyUnlisted = c.cfg.DenyUnlisted
 	in.Limits = c.cfg.Limits
 	in.DeniedLog = c.cfg.DeniedLog
