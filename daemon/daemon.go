@@ -67,6 +67,9 @@ type Config struct {
 	// CNISocket is where the CNI agent serves the plugins (the CNI config's
 	// agentSocket); "" turns the agent off.
 	CNISocket string
+	// CNISpares is how many addresses the CNI agent holds ahead, so that
+	// an ADD is answered without an API write (cniagent.Config.Spares).
+	CNISpares int
 	// Namespace is where tabbyd runs: BGP passwords are read from its
 	// Secrets (default DefaultNamespace), and the CNI plugin's service
 	// account lives there.
@@ -306,7 +309,7 @@ func startAgent(gs *goroutines, cfg Config, rc *rest.Config, met *Metrics, polic
 	if err != nil {
 		return err
 	}
-	acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Metrics: met.agent}
+	acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Metrics: met.agent, Spares: cfg.CNISpares}
 	if policies != nil {
 		acfg.Policy = policies
 	}

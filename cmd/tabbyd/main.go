@@ -54,6 +54,9 @@ func main() {
 			if cfg.IPTablesBackend, err = iptbackend.ParseMode(iptMode); err != nil {
 				return fmt.Errorf("--iptables-backend: %w", err)
 			}
+			if cfg.CNISpares < 0 || cfg.CNISpares > 64 {
+				return fmt.Errorf("--cni-spare-addresses (%d) must be from 0 to 64", cfg.CNISpares)
+			}
 			if cfg.PolicyResync <= 0 {
 				return fmt.Errorf("--policy-resync (%v) must be positive", cfg.PolicyResync)
 			}
@@ -104,6 +107,7 @@ func main() {
 	f.BoolVar(&cfg.Profiling, "profiling", false, "also serve Go's CPU, heap and goroutine profiles at /debug/pprof/ on --health-listen (go tool pprof http://127.0.0.1:9099/debug/pprof/heap)")
 	f.StringVar(&cfg.MetricsListen, "metrics-listen", daemon.DefaultMetricsListen, "address serving /metrics alone, unauthenticated, for Prometheus to scrape from elsewhere (e.g. :9091); \"\" serves it only on --health-listen")
 	f.StringVar(&cfg.CNISocket, "cni-socket", agentapi.DefaultSocket, "unix socket serving the CNI plugins' IPAM (the CNI config's agentSocket); \"\" turns it off")
+	f.IntVar(&cfg.CNISpares, "cni-spare-addresses", 2, "addresses the CNI agent allocates ahead in the node's blocks, so that a pod's ADD is answered without waiting for an API write; 0 holds none (and releases those held)")
 	f.StringVar(&cfg.Namespace, "namespace", daemon.DefaultNamespace, "the namespace tabbyd runs in: BGP passwords are read from its Secrets, and the CNI plugin's service account is there")
 	f.StringVar(&cfg.CNIKubeconfig, "cni-kubeconfig", "", "the CNI plugin's kubeconfig (the host's file as mounted here): tabbyd mints the plugin's short-lived token and writes it there well before it expires; \"\" turns that off")
 	f.StringVar(&cfg.CNIServiceAccount, "cni-service-account", cnitoken.DefaultServiceAccount, "the CNI plugin's service account (in --namespace) whose token goes into --cni-kubeconfig")

@@ -59,6 +59,9 @@ type Config struct {
 	// Policy answers policy-wait (package netpol's Controller); nil: this
 	// tabbyd enforces no NetworkPolicy and policy-wait answers at once.
 	Policy PolicyWaiter
+	// Spares is how many addresses the agent holds ahead of the ADDs that
+	// need them (spares.go); 0 holds none, and releases those held before.
+	Spares int
 }
 
 // PolicyWaiter waits until a pod's NetworkPolicy is in the kernel.
@@ -73,6 +76,11 @@ type PolicyWaiter interface {
 	// pod's allocation reaches the policy loop without waiting for its
 	// watch (a version the loop's informer has caught up with is ignored).
 	ObserveBlock(b *tabbyv1.IPAMBlock)
+	// ObserveClaims is told of spare addresses handed to a pod before its
+	// block records them (ipam.AddressClaim); ForgetClaims withdraws them
+	// once the block does, or the pod was deleted first.
+	ObserveClaims(cl []ipam.AddressClaim)
+	ForgetClaims(cl []ipam.AddressClaim)
 }
 
 // Bounds of policy-wait on tabbyd's side.
@@ -110,6 +118,11 @@ type Agent struct {
 	// in flight are finished.) Set by Run before it serves.
 	stopping context.Context
 
+	// spares: addresses held ahead (nil: none).
+	spares *spares
+	// writeDelay is recordDelay (tests lengthen it).
+	writeDelay time.Duration
+
 	met metrics
 }
 
@@ -121,7 +134,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log.With("component", "cni-agent"), pending: map[string]*pendingRecord{}, met: newMetrics()}
+	a := &Agent{cfg: cfg, log: cfg.Log.With("component", "cni-agent"), pending: map[string]*pendingRecord{}, met: newMetrics(), writeDelay: recordDelay}
 	a.caches = NewCaches(cfg.DS, cfg.NodeName)
 	a.caches.podLookup = func(source string) { a.met.podLookups.WithLabelValues(source).Inc() }
 	if cfg.Policy != nil {
@@ -129,6 +142,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.ipam = ipam.New(cfg.DS, ipam.WithLogger(a.log), ipam.WithSource(a.caches))
 	a.ops = ipamops.Ops{DS: cfg.DS, IPAM: a.ipam}
+	if cfg.Spares > 0 {
+		a.spares = &spares{want: cfg.Spares, path: JournalPath(cfg.Socket), handed: map[string]handover{}}
+	}
 	if cfg.Metrics != nil {
 		a.met = cfg.Metrics.m
 	} else if cfg.Registerer != nil {
@@ -154,11 +170,26 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	a.stopping = ctx
+	// Before the first answer: the handovers a restart interrupted.
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		err := a.recoverSpares(ctx)
+		if err == nil {
+			break
+		}
+		a.log.Warn("recovering the spare addresses; retrying", "error", err)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			a.records.Wait()
+			return nil
+		}
+	}
 	ln, err := listen(a.cfg.Socket)
 	if err != nil {
+		a.records.Wait()
 		return err
 	}
-	a.stopping = ctx
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	done := make(chan struct{})
 	go func() {
@@ -314,13 +345,28 @@ func (a *Agent) assign(ctx context.Context, r agentapi.AssignRequest) (agentapi.
 		return agentapi.AssignResponse{}, err
 	}
 	a.awaitRecord(ctx, r.HandleID)
-	call := &assignCall{ctx: ctx, req: req, done: make(chan assignOutcome, 1)}
-	drain(a, &a.queue, call, a.assignBatch)
-	o := <-call.done
+	if as, ok := a.handOut(ctx, req); ok {
+		return agentapi.AssignResponse{Addresses: ipamops.Addresses(as)}, nil
+	}
+	o := a.assignQueued(ctx, req)
+	if errors.Is(o.err, ipam.ErrExhausted) && a.dropSpares(ctx) {
+		// The addresses held ahead may be what the pools lack.
+		o = a.assignQueued(ctx, req)
+	}
+	if plainRequest(req) {
+		a.refill()
+	}
 	if o.err != nil {
 		return agentapi.AssignResponse{}, o.err
 	}
 	return agentapi.AssignResponse{Addresses: ipamops.Addresses(o.assigned)}, nil
+}
+
+// assignQueued assigns req with the node's other assignments (mu).
+func (a *Agent) assignQueued(ctx context.Context, req ipam.Request) assignOutcome {
+	call := &assignCall{ctx: ctx, req: req, done: make(chan assignOutcome, 1)}
+	drain(a, &a.queue, call, a.assignBatch)
+	return <-call.done
 }
 
 // assignCall is an assignment waiting for mu.
@@ -374,7 +420,7 @@ func (a *Agent) assignBatch(batch []*assignCall) {
 			continue
 		}
 		if d.Record != nil {
-			a.recordLater(c.req.HandleID, d.Record)
+			a.recordAfter(c.req.HandleID, a.writeDelay, d.Record, nil)
 		}
 		c.done <- assignOutcome{assigned: d.Assigned}
 	}
@@ -389,19 +435,26 @@ func (a *Agent) assignBatch(batch []*assignCall) {
 // tabbyd's shutdown, have it written at once.
 const recordDelay = 50 * time.Millisecond
 
-// pendingRecord is a handle write under way: done is closed once it is
-// written (or failed), and closing now (once) writes it without waiting
-// out recordDelay.
+// pendingRecord is a write under way after an answer (a handle's record,
+// a spare's transfer): done is closed once it is written (or failed), and
+// closing now (once) writes it without waiting out its delay. A record
+// with onCancel may be called off before it starts (cancelRecord).
 type pendingRecord struct {
 	done    chan struct{}
 	now     chan struct{}
 	nowOnce sync.Once
+
+	onCancel           func()
+	mu                 sync.Mutex
+	started, cancelled bool
 }
 
-// recordLater writes a handle recordDelay after the answer goes out.
-// Called with mu held, so that a release of the same handle waits for it.
-func (a *Agent) recordLater(handleID string, record func(context.Context) error) {
-	p := &pendingRecord{done: make(chan struct{}), now: make(chan struct{})}
+// recordAfter writes a record delay after the answer goes out (the
+// handle's, after an assignment: recordDelay). An assignment calls it with
+// mu held, so that a release of the same handle waits for it; a spare's
+// handover before it answers.
+func (a *Agent) recordAfter(handleID string, delay time.Duration, record func(context.Context) error, onCancel func()) {
+	p := &pendingRecord{done: make(chan struct{}), now: make(chan struct{}), onCancel: onCancel}
 	a.pendingMu.Lock()
 	a.pending[handleID] = p
 	a.pendingMu.Unlock()
@@ -420,24 +473,54 @@ func (a *Agent) recordLater(handleID string, record func(context.Context) error)
 			a.pendingMu.Unlock()
 			close(p.done)
 		}()
-		t := time.NewTimer(recordDelay)
+		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
 		case <-p.now:
 		case <-stopping.Done():
 		}
 		t.Stop()
+		p.mu.Lock()
+		cancelled := p.cancelled
+		p.started = !cancelled
+		p.mu.Unlock()
+		if cancelled {
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
 		defer cancel()
 		if err := record(ctx); err != nil {
-			// The blocks still carry the handle: DEL and GC find the
-			// addresses without it.
+			// A handle's record: the blocks still carry the handle, and
+			// DEL and GC find the addresses without it. A spare's
+			// transfer: the journal keeps it for the restart.
 			a.met.records.WithLabelValues("error").Inc()
-			a.log.Warn("recording an IPAM handle (its addresses stay findable through the node's blocks)", "handle", handleID, "error", err)
+			a.log.Warn("writing an IPAM record after the answer (the blocks or the spares journal keep what it would say)", "handle", handleID, "error", err)
 			return
 		}
 		a.met.records.WithLabelValues("ok").Inc()
 	}()
+}
+
+// cancelRecord calls off the handle's pending record if it may be called
+// off and has not started, and reports whether it did.
+func (a *Agent) cancelRecord(handleID string) bool {
+	a.pendingMu.Lock()
+	p := a.pending[handleID]
+	a.pendingMu.Unlock()
+	if p == nil || p.onCancel == nil {
+		return false
+	}
+	p.mu.Lock()
+	ok := !p.started && !p.cancelled
+	p.cancelled = true
+	p.mu.Unlock()
+	if !ok {
+		return false
+	}
+	p.nowOnce.Do(func() { close(p.now) })
+	<-p.done
+	p.onCancel()
+	return true
 }
 
 // awaitRecord has the handle's pending write (if any) done now, and waits
@@ -459,6 +542,11 @@ func (a *Agent) awaitRecord(ctx context.Context, handleID string) {
 func (a *Agent) release(ctx context.Context, r agentapi.HandleRequest) (agentapi.Empty, error) {
 	if err := a.checkNode(r.Node); err != nil {
 		return agentapi.Empty{}, err
+	}
+	if a.cancelRecord(r.HandleID) && !a.holdsMore(ctx, r.HandleID) {
+		// A spare handed over moments ago, back among the spares: the
+		// blocks never recorded it as the pod's.
+		return agentapi.Empty{}, nil
 	}
 	a.awaitRecord(ctx, r.HandleID)
 	call := &releaseCall{ctx: ctx, handleID: r.HandleID, done: make(chan error, 1)}
@@ -517,6 +605,26 @@ func (a *Agent) releaseBatch(batch []*releaseCall) {
 	}
 }
 
+// holdsMore says whether a handle holds anything as far as the caches know
+// (a handle object, or an allocation in the node's blocks).
+func (a *Agent) holdsMore(ctx context.Context, handleID string) bool {
+	if h, err := a.caches.Handle(ctx, ipam.HandleObjectName(handleID)); err != nil || h != nil {
+		return true
+	}
+	blocks, err := a.caches.NodeBlocks(ctx, a.cfg.NodeName)
+	if err != nil {
+		return true
+	}
+	for _, b := range blocks {
+		for _, idx := range b.Spec.Allocations {
+			if idx >= 0 && idx < len(b.Spec.Attributes) && b.Spec.Attributes[idx].HandleID == handleID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (a *Agent) handleIPs(ctx context.Context, r agentapi.HandleRequest) (agentapi.HandleIPsResponse, error) {
 	if err := a.checkNode(r.Node); err != nil {
 		return agentapi.HandleIPsResponse{}, err
@@ -531,7 +639,11 @@ func (a *Agent) nodeHandles(ctx context.Context, r agentapi.NodeRequest) (agenta
 		return agentapi.NodeHandlesResponse{}, err
 	}
 	hs, err := a.ops.NodeHandles(ctx, r.Node)
-	return agentapi.NodeHandlesResponse{Handles: hs}, err
+	if err != nil {
+		return agentapi.NodeHandlesResponse{}, err
+	}
+	// The pods answered from spares whose blocks do not record them yet.
+	return agentapi.NodeHandlesResponse{Handles: a.withHandovers(hs)}, nil
 }
 
 func (a *Agent) usablePools(ctx context.Context, r agentapi.NodeRequest) (agentapi.PoolsResponse, error) {

@@ -43,6 +43,13 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
+	return newWorldOf(t, "10.80.%d.0/24", 0)
+}
+
+// newWorldOf is newWorld with a pool of cidrFormat (filled with the
+// test's number) and blockSize (0: the default).
+func newWorldOf(t *testing.T, cidrFormat string, blockSize int) *world {
+	t.Helper()
 	ds, err := datastore.New(clustertest.Cluster(t).RESTConfig())
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +64,7 @@ func newWorld(t *testing.T) *world {
 	t.Cleanup(func() { _ = ds.Nodes.Delete(context.Background(), w.node, metav1.DeleteOptions{}) })
 	w.pool, err = ds.IPPools.Create(ctx, &tabbyv1.IPPool{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("agent-pool-%d", i)},
-		Spec: tabbyv1.IPPoolSpec{CIDR: fmt.Sprintf("10.80.%d.0/24", i), VXLANMode: tabbyv1.EncapAlways,
+		Spec: tabbyv1.IPPoolSpec{CIDR: fmt.Sprintf(cidrFormat, i), BlockSize: blockSize, VXLANMode: tabbyv1.EncapAlways,
 			NodeSelector: &metav1.LabelSelector{MatchLabels: label}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -197,6 +204,13 @@ func runAgent(t *testing.T, w *world, reg prometheus.Registerer) (*Agent, *agent
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serve(t, a)
+}
+
+// serve runs an agent until the test ends, and dials it.
+func serve(t *testing.T, a *Agent) (*Agent, *agentapi.Client) {
+	t.Helper()
+	var err error
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -214,6 +228,9 @@ func runAgent(t *testing.T, w *world, reg prometheus.Registerer) (*Agent, *agent
 		cl, err = agentapi.Dial(context.Background(), a.cfg.Socket)
 		return err == nil
 	})
+	// Closed first: the server's shutdown waits 5 s for a connection on
+	// which no request came.
+	t.Cleanup(cl.Close)
 	return a, cl
 }
 

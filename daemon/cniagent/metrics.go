@@ -18,6 +18,8 @@ type metrics struct {
 	assignBatch prometheus.Histogram
 	// releaseBatch: how many releases were answered together.
 	releaseBatch prometheus.Histogram
+	// spares: what became of addresses held ahead, by event.
+	spares *prometheus.CounterVec
 }
 
 func newMetrics() metrics {
@@ -59,6 +61,10 @@ func newMetrics() metrics {
 			Help:    "Releases the CNI agent answered together: those that queued while another was written (several pods deleted at once), freed from one block in one write where they can.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 		}),
+		spares: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_cni_agent_spare_addresses_total",
+			Help: "Addresses the CNI agent holds ahead (spares), by event: assigned (allocated ahead), handed (an ADD answered from one), missed (an ADD that found none that fits), transferred (moved to the pod's handle in its block), returned (the pod was deleted before the transfer: held ahead again), released (given back: no longer fitting the pools, or spares turned off), error (a transfer that failed for good: tabbyctl ipam check).",
+		}, []string{"event"}),
 	}
 }
 
@@ -76,5 +82,5 @@ func NewMetrics(r prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m metrics) register(r prometheus.Registerer) error {
-	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode), r.Register(m.commands), r.Register(m.assignBatch), r.Register(m.releaseBatch))
+	return errors.Join(r.Register(m.requests), r.Register(m.duration), r.Register(m.podLookups), r.Register(m.records), r.Register(m.otherNode), r.Register(m.commands), r.Register(m.assignBatch), r.Register(m.releaseBatch), r.Register(m.spares))
 }

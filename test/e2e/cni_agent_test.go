@@ -95,7 +95,8 @@ func (n *testNode) waitHandle(t *testing.T, p *testnet.Pod, ip string) {
 // address of the node's pool and the MTU of its VXLAN pool, the pod's
 // annotations are read from the agent's cache, the handle is recorded, DEL
 // frees everything (also right after ADD), and STATUS passes, then fails
-// while the node cannot reach the API server.
+// while the node cannot reach the API server, when ADD is answered from the
+// addresses tabbyd holds ahead, and then fails too.
 func TestCNIAgentAddCheckDelStatus(t *testing.T) {
 	n := newNode(t)
 	pool := n.addPool(t, 4, func(p *tabbyv1.IPPool) { p.Spec.VXLANMode = tabbyv1.EncapAlways })
@@ -167,8 +168,11 @@ func TestCNIAgentAddCheckDelStatus(t *testing.T) {
 	}
 
 	// GC through the agent.
+	// GC right after the ADDs: tabbyd answers them from the addresses it
+	// holds ahead (spares), and lists their handles before their blocks
+	// record them.
 	keep, drop := newPod(t, n, "agent-keep", nil), newPod(t, n, "", nil)
-	n.mustAdd(t, list, keep)
+	keepRes := n.mustAdd(t, list, keep)
 	n.mustAdd(t, list, drop)
 	before = agentCounts(t, d)
 	if err := n.GC(ctxT(t), list, keep); err != nil {
@@ -176,6 +180,7 @@ func TestCNIAgentAddCheckDelStatus(t *testing.T) {
 	}
 	after = agentCounts(t, d)
 	wantServed(t, "GC", before, after, map[string]float64{"node-handles/ok": 1, "release-handle/ok": 1})
+	n.waitHandle(t, keep, keepRes.IPs[0].Address.IP.String())
 	if hs := n.nodeHandles(t); len(hs) != 1 || hs[0] != keep.HandleID() {
 		t.Errorf("handles after GC: %v, want only %s", hs, keep.HandleID())
 	}
@@ -191,12 +196,27 @@ func TestCNIAgentAddCheckDelStatus(t *testing.T) {
 	} else if e := cniError(t, err); e.Code != plugin.ErrPluginNotAvailable {
 		t.Errorf("STATUS with the API server cut off: code %d", e.Code)
 	}
-	cut := newPod(t, n, "", nil)
-	_, err = n.Add(ctxT(t), list, cut, nil)
-	if err == nil || !strings.Contains(err.Error(), "cannot be reached") {
-		t.Errorf("ADD with the API server cut off: %v", err)
-	} else if e := cniError(t, err); e.Code != types.ErrTryAgainLater {
-		t.Errorf("ADD with the API server cut off: code %d, want %d", e.Code, types.ErrTryAgainLater)
+	// ADDs are answered from the addresses held ahead (at most
+	// --cni-spare-addresses, 2), then fail until the API server is back;
+	// the ones answered are recorded once it is.
+	var cut *testnet.Pod
+	answered := map[*testnet.Pod]string{}
+	for i := 0; cut == nil; i++ {
+		p := newPod(t, n, "", nil)
+		res, err := n.Add(ctxT(t), list, p, nil)
+		switch {
+		case err == nil && i < 2:
+			answered[p] = res.IPs[0].Address.IP.String()
+		case err == nil:
+			t.Fatalf("ADD %d with the API server cut off succeeded: tabbyd holds 2 addresses ahead", i+1)
+		case !strings.Contains(err.Error(), "cannot be reached"):
+			t.Fatalf("ADD with the API server cut off: %v", err)
+		default:
+			if e := cniError(t, err); e.Code != types.ErrTryAgainLater {
+				t.Errorf("ADD with the API server cut off: code %d, want %d", e.Code, types.ErrTryAgainLater)
+			}
+			cut = p
+		}
 	}
 	if err := restore(); err != nil {
 		t.Fatal(err)
@@ -205,6 +225,9 @@ func TestCNIAgentAddCheckDelStatus(t *testing.T) {
 		t.Errorf("STATUS after the API server came back: %v", err)
 	}
 	n.mustAdd(t, list, cut)
+	for p, ip := range answered {
+		n.waitHandle(t, p, ip)
+	}
 }
 
 // TestCNIAgentParallelAdds: 50 ADDs at once, all answered by the agent,
