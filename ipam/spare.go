@@ -197,28 +197,43 @@ func (m *IPAM) SpareFits(ctx context.Context, s Spare, req Request) bool {
 // already is left as it is. An address the spare no longer holds is
 // allocated to req again when it is free; when another handle holds it,
 // the error says so: the address is in use twice.
-func (m *IPAM) TransferSpare(ctx context.Context, s Spare, req Request) error {
-	if req.HandleID == "" || req.Node == "" || !isSpareOf(s.Handle, req.Node) {
-		return fmt.Errorf("ipam: cannot transfer %q to handle %q of node %q", s.Handle, req.HandleID, req.Node)
+//
+// With next (a spare handle of the node, or "") and a spare of one
+// address, the same write also allocates the next spare in that block if
+// it has room and is still the node's: a handover then costs one block
+// write, not two. The spare made is returned (none: no Addresses).
+func (m *IPAM) TransferSpare(ctx context.Context, s Spare, req Request, next string) (Spare, error) {
+	if req.HandleID == "" || req.Node == "" || !isSpareOf(s.Handle, req.Node) || (next != "" && !isSpareOf(next, req.Node)) {
+		return Spare{}, fmt.Errorf("ipam: cannot transfer %q to handle %q of node %q (next spare %q)", s.Handle, req.HandleID, req.Node, next)
 	}
 	if req.Use == "" {
 		req.Use = tabbyv1.UseWorkload
 	}
 	attr := tabbyv1.AllocationAttribute{HandleID: req.HandleID, Use: req.Use, Namespace: req.Namespace, Pod: req.Pod, Node: req.Node, Timestamp: nowTime(m.now)}
+	if len(s.Addresses) != 1 {
+		next = ""
+	}
+	made := Spare{Handle: next}
 	refs := make([]assignedRef, 0, len(s.Addresses))
 	for _, a := range s.Addresses {
-		if err := m.transferOne(ctx, s.Handle, a, attr); err != nil {
-			return err
+		got, err := m.transferOne(ctx, s.Handle, a, attr, next)
+		if err != nil {
+			return Spare{}, err
+		}
+		if got != nil {
+			made.Addresses = append(made.Addresses, *got)
 		}
 		refs = append(refs, assignedRef{Assigned: a, own: true})
 	}
-	return m.recordHandle(ctx, req.HandleID, req.Node, refs)
+	return made, m.recordHandle(ctx, req.HandleID, req.Node, refs)
 }
 
-func (m *IPAM) transferOne(ctx context.Context, spare string, a Assigned, attr tabbyv1.AllocationAttribute) error {
+// transferOne moves one address (see TransferSpare), allocating the next
+// spare in its block when next is set; it returns that spare's address.
+func (m *IPAM) transferOne(ctx context.Context, spare string, a Assigned, attr tabbyv1.AllocationAttribute, next string) (*Assigned, error) {
 	pfx, ip, ord, ok := slotOf(a)
 	if !ok {
-		return fmt.Errorf("ipam: spare %s has an address outside its block: %v in %v", spare, a.IP, a.Block)
+		return nil, fmt.Errorf("ipam: spare %s has an address outside its block: %v in %v", spare, a.IP, a.Block)
 	}
 	name := BlockName(pfx)
 	b, err := m.src.Block(ctx, name)
@@ -227,18 +242,25 @@ func (m *IPAM) transferOne(ctx context.Context, spare string, a Assigned, attr t
 			b, err = getBlock(ctx, m.ds, name)
 		}
 		if err != nil {
-			return wrapDS(m.ds, fmt.Errorf("reading block %s: %w", pfx, err))
+			return nil, wrapDS(m.ds, fmt.Errorf("reading block %s: %w", pfx, err))
 		}
 		if b == nil {
-			return fmt.Errorf("%w: block %s of spare address %s is gone: the address may be in use twice; run tabbyctl ipam check", ErrSpareLost, pfx, ip)
+			return nil, fmt.Errorf("%w: block %s of spare address %s is gone: the address may be in use twice; run tabbyctl ipam check", ErrSpareLost, pfx, ip)
 		}
 		if err := blockOK(b); err != nil {
-			return fmt.Errorf("%w: %w", ErrSpareLost, err)
+			return nil, fmt.Errorf("%w: %w", ErrSpareLost, err)
 		}
 		nb := b.DeepCopy()
 		switch cur := attributeOf(nb, ord); {
 		case cur != nil && cur.HandleID == attr.HandleID:
-			return nil
+			// Done by an earlier attempt, whose outcome was not known:
+			// the next spare it made, if any, is in the block too.
+			for o := range nb.Spec.Allocations {
+				if h := attributeOf(nb, o); next != "" && h != nil && h.HandleID == next {
+					return &Assigned{IP: net.IP(addrAt(pfx, o).AsSlice()), Pool: a.Pool, Block: prefixToIPNet(pfx)}, nil
+				}
+			}
+			return nil, nil
 		case cur != nil && cur.HandleID == spare:
 			nb.Spec.Allocations[ord] = -1
 			assign(nb, ord, attr)
@@ -247,20 +269,29 @@ func (m *IPAM) transferOne(ctx context.Context, spare string, a Assigned, attr t
 			m.log.Warn("a spare address was released before it was handed over: allocating it to its pod again", "ip", ip.String(), "spare", spare, "handle", attr.HandleID)
 			allocateOrdinal(nb, ord, attr)
 		default:
-			return fmt.Errorf("%w: address %s, handed to %s from spare %s, is now held by handle %s in block %s: it may be in use twice; run tabbyctl ipam check", ErrSpareLost, ip, attr.HandleID, spare, cur.HandleID, pfx)
+			return nil, fmt.Errorf("%w: address %s, handed to %s from spare %s, is now held by handle %s in block %s: it may be in use twice; run tabbyctl ipam check", ErrSpareLost, ip, attr.HandleID, spare, cur.HandleID, pfx)
+		}
+		nextOrd := -1
+		if next != "" && nb.Spec.Affinity == affinityFor(attr.Node) && !nb.Spec.Deleted {
+			if o, ok := allocate(nb, tabbyv1.AllocationAttribute{HandleID: next, Use: tabbyv1.UseWorkload, Node: attr.Node, Timestamp: attr.Timestamp}); ok {
+				nextOrd = o
+			}
 		}
 		updated, uerr := m.ds.IPAMBlocks.Update(ctx, nb, metav1.UpdateOptions{})
 		switch {
 		case uerr == nil:
 			m.observe(updated)
-			return nil
+			if nextOrd < 0 {
+				return nil, nil
+			}
+			return &Assigned{IP: net.IP(addrAt(pfx, nextOrd).AsSlice()), Pool: a.Pool, Block: prefixToIPNet(pfx)}, nil
 		case apierrors.IsConflict(uerr), apierrors.IsNotFound(uerr):
 			continue
 		default:
-			return wrapDS(m.ds, fmt.Errorf("handing spare address %s to %s in block %s: %w", ip, attr.HandleID, pfx, uerr))
+			return nil, wrapDS(m.ds, fmt.Errorf("handing spare address %s to %s in block %s: %w", ip, attr.HandleID, pfx, uerr))
 		}
 	}
-	return fmt.Errorf("block %s kept changing under %d attempts to hand spare address %s over; try again", pfx, maxRetries, ip)
+	return nil, fmt.Errorf("block %s kept changing under %d attempts to hand spare address %s over; try again", pfx, maxRetries, ip)
 }
 
 // AddressClaim says that the address at ordinal Ord of block Block, which

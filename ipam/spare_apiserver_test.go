@@ -101,11 +101,29 @@ func TestSpares(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The transfer, twice.
+	// The transfer, twice: the first also makes the next spare in the
+	// same write, the second (as after a write whose outcome was not
+	// known) finds it.
+	next := ipam.SpareHandle("n1", "next")
+	var made []ipam.Spare
 	for range 2 {
-		if err := m.TransferSpare(c, s, pod); err != nil {
+		got, err := m.TransferSpare(c, s, pod, next)
+		if err != nil {
 			t.Fatal(err)
 		}
+		made = append(made, got)
+	}
+	for _, n := range made {
+		if n.Handle != next || len(n.Addresses) != 1 || n.Addresses[0].Block.String() != sp.Block.String() || n.Addresses[0].Pool != sp.Pool ||
+			!n.Addresses[0].IP.Equal(made[0].Addresses[0].IP) || n.Addresses[0].IP.Equal(sp.IP) {
+			t.Fatalf("the next spares made %+v, want one new address of block %s, twice the same", made, sp.Block)
+		}
+	}
+	if h := holder(t, m, made[0].Addresses[0].IP, sp.Block); h == nil || h.HandleID != next || h.Pod != "" {
+		t.Fatalf("the next spare's address is held by %+v", h)
+	}
+	if err := m.ReleaseHandle(c, next, "n1"); err != nil {
+		t.Fatal(err)
 	}
 	if h := holder(t, m, sp.IP, sp.Block); h == nil || h.HandleID != pod.HandleID || h.Pod != "p1" || h.Namespace != "ns" {
 		t.Fatalf("after the transfer the block holds %s for %+v", sp.IP, h)
@@ -116,7 +134,7 @@ func TestSpares(t *testing.T) {
 	if found, _ := m.NodeSpares(c, "n1", true); len(found) != 0 {
 		t.Errorf("spares left after the transfer: %+v", found)
 	}
-	if err := m.TransferSpare(c, s, ipam.Request{HandleID: "net.c9", Node: "n2"}); err == nil {
+	if _, err := m.TransferSpare(c, s, ipam.Request{HandleID: "net.c9", Node: "n2"}, ""); err == nil {
 		t.Error("a transfer to another node's handle was accepted")
 	}
 
@@ -129,7 +147,7 @@ func TestSpares(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod2 := ipam.Request{HandleID: "net.c2", Node: "n1", Namespace: "ns", Pod: "p2", IPv4: true}
-	if err := m.TransferSpare(c, s2, pod2); err != nil {
+	if _, err := m.TransferSpare(c, s2, pod2, ""); err != nil {
 		t.Fatal(err)
 	}
 	if h := holder(t, m, s2.Addresses[0].IP, s2.Addresses[0].Block); h == nil || h.HandleID != pod2.HandleID {
@@ -147,8 +165,8 @@ func TestSpares(t *testing.T) {
 	if _, err := m.Assign(c, ipam.Request{HandleID: "net.other", Node: "n1", IPs: []net.IP{s3.Addresses[0].IP}}); err != nil {
 		t.Fatal(err)
 	}
-	err = m.TransferSpare(c, s3, ipam.Request{HandleID: "net.c3", Node: "n1", IPv4: true})
-	if err == nil || !strings.Contains(err.Error(), "in use twice") {
+	_, err = m.TransferSpare(c, s3, ipam.Request{HandleID: "net.c3", Node: "n1", IPv4: true}, "")
+	if !errors.Is(err, ipam.ErrSpareLost) || !strings.Contains(err.Error(), "in use twice") {
 		t.Errorf("transfer of an address another handle took: %v", err)
 	}
 	if h := holder(t, m, s3.Addresses[0].IP, s3.Addresses[0].Block); h == nil || h.HandleID != "net.other" {

@@ -13,7 +13,8 @@ package cniagent
 //     (ipam.AddressClaim), so policy-wait returns as it does for an address
 //     the block records.
 //   - transferred: recordDelay after the answer, one compare-and-swap of
-//     the block moves the address to the pod's handle, then the pod's
+//     the block moves the address to the pod's handle (and allocates the
+//     next spare there, when the stock is short), then the pod's
 //     IPAMHandle is written (ipam.TransferSpare), and the journal entry goes.
 //     A release, CHECK or handle lookup of the pod waits for it, as for any
 //     deferred record; a transfer that fails for a reason that may pass (the
@@ -279,11 +280,27 @@ func (a *Agent) transferLater(h handover, delay time.Duration) {
 // keeps the handover for the restart.
 func (a *Agent) transfer(h handover) error {
 	s := a.spares
+	// The next spare, in the same write when the stock is short of one of
+	// these families (and the spare came from this run: its pool known).
+	next := ""
+	if v4, v6 := h.spare.Families(); len(h.spare.Addresses) == 1 && h.spare.Addresses[0].Pool != nil {
+		s.mu.Lock()
+		if s.countLocked(v4, v6) < s.want {
+			next = ipam.SpareHandle(a.cfg.NodeName, newSpareID())
+		}
+		s.mu.Unlock()
+	}
 	backoff := 100 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
-		err := a.ipam.TransferSpare(ctx, h.spare, h.req)
+		made, err := a.ipam.TransferSpare(ctx, h.spare, h.req, next)
 		cancel()
+		if len(made.Addresses) > 0 {
+			s.mu.Lock()
+			s.free = append(s.free, made)
+			s.mu.Unlock()
+			a.met.spares.WithLabelValues("assigned").Inc()
+		}
 		if err != nil && !errors.Is(err, ipam.ErrSpareLost) {
 			if a.stoppingCtx().Err() != nil {
 				return err
