@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -143,8 +144,7 @@ func TestSpares(t *testing.T) {
 	ctx := testCtx(t)
 	dir := filepath.Join(t.TempDir(), "run")
 	pol := &claimsLog{}
-	reg := prometheus.NewRegistry()
-	_, cl := serve(t, sparesAgent(t, w, dir, pol, reg, 2))
+	a, cl := serve(t, sparesAgent(t, w, dir, pol, prometheus.NewRegistry(), 2))
 
 	if _, err := cl.Assign(ctx, agentapi.AssignRequest{HandleID: "spr.c1", Node: w.node, IPv4: true}); err != nil {
 		t.Fatal(err)
@@ -217,33 +217,13 @@ func TestSpares(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	counts := counters(t, reg, "tabby_cni_agent_spare_addresses_total", "event")
+	counts := map[string]float64{}
+	for _, e := range []string{"handed", "transferred", "returned", "missed", "assigned"} {
+		counts[e] = testutil.ToFloat64(a.met.spares.WithLabelValues(e))
+	}
 	if counts["handed"] != 3 || counts["transferred"] != 1 || counts["returned"] != 2 || counts["missed"] != 1 || counts["assigned"] < 2 {
 		t.Errorf("spare counts %v", counts)
 	}
-}
-
-// counters reads a counter vector by one label.
-func counters(t *testing.T, reg *prometheus.Registry, name, label string) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label {
-					out[l.GetValue()] = m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return out
 }
 
 // crashedHandle is the handle of the pod crashed journals.

@@ -131,6 +131,12 @@ func base() *Snapshot {
 	}
 }
 
+// node2WithSpare is base's block of node2 with a spare at 10.0.2.7.
+func node2WithSpare() tabbyv1.IPAMBlock {
+	return mkBlock("10.0.2.0/26", "node2", podAlloc("10.0.2.1", "kube-system", "c", "node2"),
+		alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+}
+
 func (s *Snapshot) pod(ns, name string) *corev1.Pod {
 	for i := range s.Pods {
 		if s.Pods[i].Namespace == ns && s.Pods[i].Name == name {
@@ -275,8 +281,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "a spare of a live node, without a handle: nothing to say",
 			mutate: func(s *Snapshot) {
-				s.Blocks[1] = mkBlock("10.0.2.0/26", "node2", podAlloc("10.0.2.1", "kube-system", "c", "node2"),
-					alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+				s.Blocks[1] = node2WithSpare()
 			},
 		},
 		{
@@ -292,8 +297,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "a spare handed to a pod of its node, the block not written yet: pending",
 			mutate: func(s *Snapshot) {
-				s.Blocks[1] = mkBlock("10.0.2.0/26", "node2", podAlloc("10.0.2.1", "kube-system", "c", "node2"),
-					alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+				s.Blocks[1] = node2WithSpare()
 				s.Pods = append(s.Pods, mkPod("default", "new", "node2", "10.0.2.7"))
 			},
 			want: []want{{Note, Pending, "10.0.2.7", "", "tabbyd on node node2 handed it from node node2's spare"}},
@@ -301,8 +305,7 @@ func TestCheck(t *testing.T) {
 		{
 			name: "a spare used by a pod of another node: misattributed",
 			mutate: func(s *Snapshot) {
-				s.Blocks[1] = mkBlock("10.0.2.0/26", "node2", podAlloc("10.0.2.1", "kube-system", "c", "node2"),
-					alloc{ip: "10.0.2.7", handle: ipam.SpareHandle("node2", "0a1b"), node: "node2"})
+				s.Blocks[1] = node2WithSpare()
 				s.Pods = append(s.Pods, mkPod("default", "new", "node1", "10.0.2.7"))
 			},
 			want: []want{{Problem, Misattributed, "10.0.2.7", "kubectl delete pod", "node node2's spare"}},
