@@ -200,6 +200,18 @@ func (s *spares) countLocked(v4, v6 bool) int {
 	return n
 }
 
+// keepLocked adds sp to the stock unless the stock of its families is
+// full already (a spare returned by a DEL, or made by a transfer, while a
+// refill ran), and says whether it did: the stock never exceeds want.
+func (s *spares) keepLocked(sp ipam.Spare) bool {
+	v4, v6 := sp.Families()
+	if s.countLocked(v4, v6) >= s.want {
+		return false
+	}
+	s.free = append(s.free, sp)
+	return true
+}
+
 // handOut answers req from a spare if one fits: the handover is journaled
 // and the policy loop told before it returns.
 func (a *Agent) handOut(ctx context.Context, req ipam.Request) ([]ipam.Assigned, bool) {
@@ -257,10 +269,11 @@ func (a *Agent) transferLater(h handover, delay time.Duration) {
 		s.mu.Lock()
 		delete(s.handed, h.req.HandleID)
 		err := s.writeLocked(a.cfg.NodeName)
-		if err == nil {
-			s.free = append(s.free, h.spare)
-		}
+		keep := err == nil && s.keepLocked(h.spare)
 		s.mu.Unlock()
+		if err == nil && !keep {
+			a.releaseSpares([]ipam.Spare{h.spare})
+		}
 		if a.cfg.Policy != nil {
 			a.cfg.Policy.ForgetClaims(h.claims)
 		}
@@ -296,10 +309,13 @@ func (a *Agent) transfer(h handover) error {
 		made, err := a.ipam.TransferSpare(ctx, h.spare, h.req, next)
 		cancel()
 		if len(made.Addresses) > 0 {
-			s.mu.Lock()
-			s.free = append(s.free, made)
-			s.mu.Unlock()
 			a.met.spares.WithLabelValues("assigned").Inc()
+			s.mu.Lock()
+			keep := s.keepLocked(made)
+			s.mu.Unlock()
+			if !keep {
+				a.releaseSpares([]ipam.Spare{made})
+			}
 		}
 		if err != nil && !errors.Is(err, ipam.ErrSpareLost) {
 			if a.stoppingCtx().Err() != nil {
@@ -393,13 +409,16 @@ func (a *Agent) refill() {
 				return
 			}
 			s.fails = 0
-			s.free = append(s.free, sp)
+			kept := s.keepLocked(sp)
 			full := s.countLocked(v4, v6) >= s.want
 			if full || a.stoppingCtx().Err() != nil {
 				s.refilling = false
 			}
 			s.mu.Unlock()
 			a.met.spares.WithLabelValues("assigned").Inc()
+			if !kept {
+				a.releaseSpares([]ipam.Spare{sp})
+			}
 			if full || a.stoppingCtx().Err() != nil {
 				return
 			}
