@@ -326,23 +326,31 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// tabbydRSS is the resident memory of each node's tabbyd, in MiB.
-func tabbydRSS(b *testing.B, nodes []*convNode) []float64 {
+// tabbydRSS is the resident memory of each node's tabbyd in MiB: all of
+// it (VmRSS), and its anonymous part (RssAnon: heap, stacks), without the
+// pages of the tabbyd binary that the process maps (RssFile).
+func tabbydRSS(b *testing.B, nodes []*convNode) (rss, anon []float64) {
 	b.Helper()
-	var out []float64
 	for _, n := range nodes {
 		data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(n.tabbyd.Cmd.Process.Pid), "status"))
 		if err != nil {
 			b.Fatal(err)
 		}
 		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-				kb, _ := strconv.Atoi(f[1])
-				out = append(out, float64(kb)/1024)
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			kb, _ := strconv.Atoi(f[1])
+			switch f[0] {
+			case "VmRSS:":
+				rss = append(rss, float64(kb)/1024)
+			case "RssAnon:":
+				anon = append(anon, float64(kb)/1024)
 			}
 		}
 	}
-	return out
+	return rss, anon
 }
 
 func stats(xs []float64) (mean, lo, hi float64) {
@@ -583,21 +591,23 @@ func benchConvergence(b *testing.B, count, run int) {
 	report := func(topology string, sessions map[string]*nodestatus.Status, fromClaim, fromPod []time.Duration) {
 		slices.Sort(fromClaim)
 		slices.Sort(fromPod)
-		rss := tabbydRSS(b, nodes)
+		rss, anon := tabbydRSS(b, nodes)
 		sm, slo, shi := stats(sessionCounts(sessions))
 		rm, rlo, rhi := stats(rss)
+		am, alo, ahi := stats(anon)
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		p50, p99 := percentile(fromClaim, 50), percentile(fromClaim, 99)
 		pp50, pp99 := percentile(fromPod, 50), percentile(fromPod, 99)
 		b.Logf("%d nodes, %s, %d samples: block claim -> routed on every other node p50 %.1f ms, p99 %.1f ms (max %.1f); "+
-			"pod added (Pod object, CNI ADD) -> routed everywhere p50 %.1f ms, p99 %.1f ms; BGP sessions/node mean %.1f (%g..%g); tabbyd RSS/node mean %.1f MiB (%.1f..%.1f)",
-			count, topology, len(fromClaim), ms(p50), ms(p99), ms(fromClaim[len(fromClaim)-1]), ms(pp50), ms(pp99), sm, slo, shi, rm, rlo, rhi)
+			"pod added (Pod object, CNI ADD) -> routed everywhere p50 %.1f ms, p99 %.1f ms; BGP sessions/node mean %.1f (%g..%g); tabbyd RSS/node mean %.1f MiB (%.1f..%.1f), of it anonymous %.1f MiB (%.1f..%.1f)",
+			count, topology, len(fromClaim), ms(p50), ms(p99), ms(fromClaim[len(fromClaim)-1]), ms(pp50), ms(pp99), sm, slo, shi, rm, rlo, rhi, am, alo, ahi)
 		b.ReportMetric(ms(p50), topology+"-claim-p50-ms")
 		b.ReportMetric(ms(p99), topology+"-claim-p99-ms")
 		b.ReportMetric(ms(pp50), topology+"-pod-p50-ms")
 		b.ReportMetric(ms(pp99), topology+"-pod-p99-ms")
 		b.ReportMetric(sm, topology+"-sessions/node")
 		b.ReportMetric(rm, topology+"-rss-MiB/node")
+		b.ReportMetric(am, topology+"-rss-anon-MiB/node")
 	}
 
 	meshStart := time.Now()

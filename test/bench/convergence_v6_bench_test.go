@@ -69,7 +69,8 @@ func benchDualConvergence(b *testing.B, count, run int) {
 	slices.Sort(claim6)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	sm, slo, shi := stats(sessionCounts(sessions))
-	rm, rlo, rhi := stats(tabbydRSS(b, nodes))
+	rss, _ := tabbydRSS(b, nodes)
+	rm, rlo, rhi := stats(rss)
 	b.Logf("%d dual-stack nodes, mesh, %d pods: block claim -> routed on every other node: IPv4 p50 %.1f ms, p99 %.1f ms (max %.1f); IPv6 p50 %.1f ms, p99 %.1f ms (max %.1f); "+
 		"BGP sessions/node mean %.1f (%g..%g); tabbyd RSS/node mean %.1f MiB (%.1f..%.1f)",
 		count, samples, ms(percentile(claim4, 50)), ms(percentile(claim4, 99)), ms(claim4[len(claim4)-1]),
