@@ -431,9 +431,9 @@ func sandboxFailures(t *testing.T, l *Lab, nodes []string, keep func(LogLine) bo
 //     deleted (its Node and pods, as the pod GC does), then comes back;
 //     then a tabbyd dies and the collector's leader restarts;
 //   - last, the API server is stopped for 20 s (pods created and deleted
-//     just before, their kubelets frozen until it is down): ADDs fail with
-//     an error naming the unreachable API server, and converge once it is
-//     back;
+//     just before, their kubelets frozen until it is down): the ADDs that
+//     tabbyd's spare addresses cannot answer fail with an error naming the
+//     unreachable API server, and all converge once it is back;
 //   - all along, every 200 ms and on every pod event, no address is held
 //     by two Running pods, by their status in the API nor on the eth0 of
 //     their sandboxes in the kernel;
@@ -617,7 +617,10 @@ func TestIPAMChaos(t *testing.T) {
 	var wg sync.WaitGroup
 	var batch []string
 	for _, n := range nodes {
-		for range 2 {
+		// More than each tabbyd holds ahead (--cni-spare-addresses, 2):
+		// those ADDs are answered without the API server, the others
+		// fail naming it.
+		for range 4 {
 			name := ch.next()
 			batch = append(batch, name)
 			p := chaosPod(name, "")
