@@ -99,9 +99,9 @@ type Agent struct {
 	ipam   *ipam.IPAM
 	ops    ipamops.Ops
 
-	// mu serialises the node's assignments and releases. Assignments
-	// (queue) and releases (releases) queue while it is held; whoever
-	// takes it answers the queues.
+	// mu serialises the node's assignments and releases, and the spares'
+	// refills and transfers. Assignments (queue) and releases (releases)
+	// queue while it is held; whoever takes it answers the queues.
 	mu       sync.Mutex
 	queueMu  sync.Mutex
 	queue    []*assignCall

@@ -306,7 +306,11 @@ func (a *Agent) transfer(h handover) error {
 	backoff := 100 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
+		// With the node's assignments (mu): a burst's batched write
+		// waits for this one instead of conflicting with it.
+		a.mu.Lock()
 		made, err := a.ipam.TransferSpare(ctx, h.spare, h.req, next)
+		a.mu.Unlock()
 		cancel()
 		if len(made.Addresses) > 0 {
 			a.met.spares.WithLabelValues("assigned").Inc()
@@ -394,7 +398,9 @@ func (a *Agent) refill() {
 		defer a.records.Done()
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
+			a.mu.Lock() // with the node's assignments, as a transfer
 			sp, err := a.ipam.AssignSpare(ctx, a.cfg.NodeName, ipam.SpareHandle(a.cfg.NodeName, newSpareID()), v4, v6)
+			a.mu.Unlock()
 			cancel()
 			s.mu.Lock()
 			if err != nil {
