@@ -313,6 +313,9 @@ func (a *Agent) transfer(h handover) error {
 		a.mu.Unlock()
 		cancel()
 		if len(made.Addresses) > 0 {
+			// Taken once: a retry (the pod's handle failed to be
+			// written) must not find it in the block again.
+			next = ""
 			a.met.spares.WithLabelValues("assigned").Inc()
 			s.mu.Lock()
 			keep := s.keepLocked(made)
