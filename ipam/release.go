@@ -101,7 +101,7 @@ func (m *IPAM) ReleaseHandle(ctx context.Context, handleID, node string) error {
 				return wrapDS(m.ds, err)
 			}
 			for _, b := range blocks {
-				if holds(b, handleID) {
+				if BlockHolds(b, handleID) {
 					if err := m.releaseHandleInBlock(ctx, b.Name, handleID, b); err != nil {
 						return err
 					}
@@ -146,7 +146,9 @@ func (m *IPAM) deleteHandle(ctx context.Context, h *tabbyv1.IPAMHandle) error {
 	return m.ds.IPAMHandles.Delete(ctx, h.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 }
 
-func holds(b *tabbyv1.IPAMBlock, handleID string) bool {
+// BlockHolds says whether block b holds an address for handleID (a
+// block keeps only the attributes its allocations use).
+func BlockHolds(b *tabbyv1.IPAMBlock, handleID string) bool {
 	for _, a := range b.Spec.Attributes {
 		if a.HandleID == handleID {
 			return true
@@ -551,17 +553,10 @@ func (m *IPAM) NodeHandles(ctx context.Context, node string) ([]string, error) {
 // UsablePools returns the enabled, valid pools whose nodeSelector matches the
 // node, for workloads.
 func (m *IPAM) UsablePools(ctx context.Context, node string) ([]*tabbyv1.IPPool, error) {
-	list, err := m.listPools(ctx)
+	set, n, err := m.poolsFor(ctx, node)
 	if err != nil {
 		return nil, err
 	}
-	var n *corev1.Node
-	if needsNode(list) {
-		if n, err = m.src.Node(ctx, node); err != nil {
-			return nil, wrapDS(m.ds, fmt.Errorf("reading node %s: %w", node, err))
-		}
-	}
-	set := newPoolSet(list)
 	var out []*tabbyv1.IPPool
 	for _, f := range []int{4, 6} {
 		c, _, _ := set.candidates(f, nil, tabbyv1.UseWorkload, n, node)
@@ -570,6 +565,22 @@ func (m *IPAM) UsablePools(ctx context.Context, node string) ([]*tabbyv1.IPPool,
 		}
 	}
 	return out, nil
+}
+
+// poolsFor reads the pools, and the node when a pool's nodeSelector needs
+// it (nil: the node is not registered).
+func (m *IPAM) poolsFor(ctx context.Context, node string) (*poolSet, *corev1.Node, error) {
+	list, err := m.listPools(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	var n *corev1.Node
+	if needsNode(list) {
+		if n, err = m.src.Node(ctx, node); err != nil {
+			return nil, nil, wrapDS(m.ds, fmt.Errorf("reading node %s: %w", node, err))
+		}
+	}
+	return newPoolSet(list), n, nil
 }
 
 // PodAnnotations are the IPAM choices a pod (or its namespace) makes.

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -154,16 +153,9 @@ func (m *IPAM) SpareFits(ctx context.Context, s Spare, req Request) bool {
 	if use == "" {
 		use = tabbyv1.UseWorkload
 	}
-	pools, err := m.listPools(ctx)
+	ps, node, err := m.poolsFor(ctx, req.Node)
 	if err != nil {
 		return false
-	}
-	ps := newPoolSet(pools)
-	var node *corev1.Node
-	if needsNode(pools) {
-		if node, err = m.src.Node(ctx, req.Node); err != nil {
-			return false
-		}
 	}
 	for _, a := range s.Addresses {
 		pfx, ip, _, ok := slotOf(a)

@@ -616,10 +616,8 @@ func (a *Agent) holdsMore(ctx context.Context, handleID string) bool {
 		return true
 	}
 	for _, b := range blocks {
-		for _, idx := range b.Spec.Allocations {
-			if idx >= 0 && idx < len(b.Spec.Attributes) && b.Spec.Attributes[idx].HandleID == handleID {
-				return true
-			}
+		if ipam.BlockHolds(b, handleID) {
+			return true
 		}
 	}
 	return false

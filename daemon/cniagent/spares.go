@@ -200,6 +200,13 @@ func (s *spares) countLocked(v4, v6 bool) int {
 	return n
 }
 
+// failLocked counts a failed refill (or spares dropped): the next refill
+// waits 1 s, doubling up to a minute while they keep failing.
+func (s *spares) failLocked() {
+	s.fails++
+	s.retryAt = time.Now().Add(min(time.Second<<min(s.fails-1, 6), time.Minute))
+}
+
 // keepLocked adds sp to the stock unless the stock of its families is
 // full already (a spare returned by a DEL, or made by a transfer, while a
 // refill ran), and says whether it did: the stock never exceeds want.
@@ -407,8 +414,7 @@ func (a *Agent) refill() {
 			cancel()
 			s.mu.Lock()
 			if err != nil {
-				s.fails++
-				s.retryAt = time.Now().Add(min(time.Second<<min(s.fails-1, 6), time.Minute))
+				s.failLocked()
 				s.refilling = false
 				first := s.fails == 1
 				s.mu.Unlock()
@@ -451,14 +457,19 @@ func (a *Agent) releaseSpares(sps []ipam.Spare) {
 		defer a.records.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), datastore.Timeout)
 		defer cancel()
-		for _, sp := range sps {
-			if err := a.ipam.ReleaseHandle(ctx, sp.Handle, a.cfg.NodeName); err != nil {
-				a.log.Warn("releasing a spare address (tabbyctl ipam check shows it)", "spare", sp.Handle, "error", err)
-				continue
-			}
-			a.met.spares.WithLabelValues("released").Inc()
-		}
+		a.releaseNow(ctx, sps)
 	}()
+}
+
+// releaseNow gives spares back, and logs those it could not.
+func (a *Agent) releaseNow(ctx context.Context, sps []ipam.Spare) {
+	for _, sp := range sps {
+		if err := a.ipam.ReleaseHandle(ctx, sp.Handle, a.cfg.NodeName); err != nil {
+			a.log.Warn("releasing a spare address (tabbyctl ipam check shows it)", "spare", sp.Handle, "error", err)
+			continue
+		}
+		a.met.spares.WithLabelValues("released").Inc()
+	}
 }
 
 // dropSpares releases every free spare now: an assignment found no
@@ -472,20 +483,9 @@ func (a *Agent) dropSpares(ctx context.Context) bool {
 	s.mu.Lock()
 	sps := s.free
 	s.free = nil
-	s.fails++
-	s.retryAt = time.Now().Add(min(time.Second<<min(s.fails-1, 6), time.Minute))
+	s.failLocked()
 	s.mu.Unlock()
-	var errs []error
-	for _, sp := range sps {
-		if err := a.ipam.ReleaseHandle(ctx, sp.Handle, a.cfg.NodeName); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		a.met.spares.WithLabelValues("released").Inc()
-	}
-	if err := errors.Join(errs...); err != nil {
-		a.log.Warn("releasing spare addresses (tabbyctl ipam check shows them)", "error", err)
-	}
+	a.releaseNow(ctx, sps)
 	return len(sps) > 0
 }
 
