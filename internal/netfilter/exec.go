@@ -3,12 +3,16 @@ package netfilter
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // run runs a command with stdin and returns its standard output. A failure
@@ -23,8 +27,23 @@ func run(ctx context.Context, stdin string, name string, args ...string) (string
 // network namespace), and returns at once: wait waits for it and returns
 // what run would.
 func start(ctx context.Context, stdin string, name string, args ...string) (wait func() (string, error)) {
+	return startFed(ctx, stdin, nil, name, args...)
+}
+
+// startFed is start with the input written by feed, as it goes, rather
+// than all at once; stdin is that input whole, for quoting the line an
+// error names. When feed fails, the program's input ends there, and wait
+// names feed's error beside the program's.
+func startFed(ctx context.Context, stdin string, feed func(io.Writer) error, name string, args ...string) (wait func() (string, error)) {
 	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != "" {
+	var in io.WriteCloser
+	var fed chan error
+	if feed != nil {
+		var err error
+		if in, err = cmd.StdinPipe(); err != nil {
+			return func() (string, error) { return "", fmt.Errorf("%s: %w", name, err) }
+		}
+	} else if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
 	var out, errb bytes.Buffer
@@ -39,9 +58,27 @@ func start(ctx context.Context, stdin string, name string, args ...string) (wait
 	if err := cmd.Start(); err != nil {
 		return func() (string, error) { return fail(err) }
 	}
+	if feed != nil {
+		fed = make(chan error, 1)
+		go func() {
+			err := feed(in)
+			in.Close()
+			fed <- err
+		}()
+	}
 	return func() (string, error) {
-		if err := cmd.Wait(); err != nil {
-			return fail(err)
+		werr := cmd.Wait()
+		var ferr error
+		if fed != nil {
+			ferr = <-fed
+		}
+		switch {
+		case werr != nil && ferr != nil && !errors.Is(ferr, syscall.EPIPE) && !errors.Is(ferr, os.ErrClosed):
+			return fail(fmt.Errorf("%w (its input: %w)", werr, ferr))
+		case werr != nil:
+			return fail(werr)
+		case ferr != nil:
+			return fail(ferr)
 		}
 		return out.String(), nil
 	}

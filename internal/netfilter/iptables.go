@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -71,6 +72,46 @@ func (t *IPTables) Start(ctx context.Context, tx *Tx) (wait func() error) {
 		return err
 	}
 }
+
+// StartHeld is Start, but the restore gets its COMMIT only when commit
+// is called with true: it reads and checks every rule meanwhile (most of
+// a large restore's time), while the kernel runs the old rules. So the
+// caller can fill the sets the new rules name in the meantime.
+// commit(false), or the end of ctx, ends the input without COMMIT: the
+// restore changes nothing, and wait returns its complaint. Call commit
+// (once) before wait, and soon: iptables-legacy-restore holds the xtables
+// lock from its start, and stops reading its input (then fails, changing
+// nothing) once its --wait seconds have passed, as measured here (1.8.9).
+func (t *IPTables) StartHeld(ctx context.Context, tx *Tx) (commit func(bool), wait func() error) {
+	if tx.Empty() {
+		return func(bool) {}, func() error { return nil }
+	}
+	text := tx.String()
+	go_ := make(chan bool, 1)
+	feed := func(w io.Writer) error {
+		if _, err := io.WriteString(w, strings.TrimSuffix(text, "COMMIT\n")); err != nil {
+			return err
+		}
+		select {
+		case ok := <-go_:
+			if !ok {
+				return errNotCommitted
+			}
+		case <-ctx.Done():
+			return errNotCommitted
+		}
+		_, err := io.WriteString(w, "COMMIT\n")
+		return err
+	}
+	w := startFed(ctx, text, feed, t.restore, "--noflush", "--wait", t.wait)
+	return func(ok bool) { go_ <- ok }, func() error {
+		_, err := w()
+		return err
+	}
+}
+
+// errNotCommitted: a held restore's input ended without COMMIT.
+var errNotCommitted = errors.New("its input ended before COMMIT, as asked: nothing was committed")
 
 // Save reads one table with iptables-save.
 func (t *IPTables) Save(ctx context.Context, table string) (Table, error) {

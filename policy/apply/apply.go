@@ -146,7 +146,9 @@ type Stats struct {
 
 	// Durations of the phases: reading the kernel, the set changes,
 	// writing and reading back chains, the jumps, removing stale chains
-	// and sets; and of the whole Apply (validation included).
+	// and sets; and of the whole Apply (validation included). The set
+	// members added while a restore reads its rules count as sets only:
+	// ChainsTime is what writing the chains took beyond them.
 	ReadTime, SetsTime, ChainsTime, JumpsTime, StaleTime, Total time.Duration
 }
 
@@ -323,13 +325,8 @@ func (a *Applier) converge(ctx context.Context, d *desired, current [2]map[strin
 
 func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]string, st *Stats) (map[string]string, error) {
 	t := time.Now()
-	alias, doomed, dels, err := a.syncSets(ctx, d, st)
-	st.SetsTime += time.Since(t)
-	if err != nil {
-		return nil, err
-	}
-
-	t = time.Now()
+	sp := a.planSets(d)
+	alias, doomed := sp.alias, sp.doomed
 	var plans []*chainWrite
 	for _, f := range a.fams {
 		if f == nil {
@@ -340,17 +337,37 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 			plans = append(plans, cw)
 		}
 	}
-	written, err := a.writeChains(ctx, plans, st)
-	st.ChainsTime += time.Since(t)
-	if err != nil {
-		return nil, err
+	var written [2][]string
+	var err error
+	if len(plans) == 0 {
+		err = a.syncSets(ctx, d, sp, st)
+		st.SetsTime += time.Since(t)
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		// The sets are created first, then filled while the restores
+		// read the chains naming them, which commit once they are full.
+		err = a.createSets(ctx, sp)
+		st.SetsTime += time.Since(t)
+		if err != nil {
+			return nil, err
+		}
+		t = time.Now()
+		written, err = a.writeChains(ctx, plans, st, func() error { return a.fillSets(ctx, d, sp, st) })
+		st.ChainsTime += time.Since(t)
+		if err != nil {
+			return nil, err
+		}
 	}
 
 	// The members leaving their sets go as soon as the chains are in
 	// place, before the chains are read back: that is when the kernel
 	// enforces the new Ruleset.
 	t = time.Now()
-	err = a.removeMembers(ctx, dels)
+	if sp.later {
+		err = a.removeMembers(ctx, &sp.dels)
+	}
 	st.SetsTime += time.Since(t)
 	if err != nil {
 		return nil, err

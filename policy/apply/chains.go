@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"slices"
+	"time"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
 	"github.com/tabbynet/tabby/internal/netfilter"
@@ -66,13 +67,50 @@ func planChains(f *family, w *wantFamily, alias map[string]string, stale []strin
 // prints every chain written: it returns, per family, the chains with a
 // rule whose printing it has not learned yet, which the caller reads back
 // (readBack); the others' printing is known (f.printed).
-func (a *Applier) writeChains(ctx context.Context, plans []*chainWrite, st *Stats) ([2][]string, error) {
+//
+// fill, when not nil, runs while the restores read their rules, before
+// they commit (StartHeld): the caller fills the sets the new rules name
+// then, and a restore of thousands of rules spends most of its time
+// reading them before its COMMIT. When fill fails nothing is committed.
+// fill's time counts in st.SetsTime, not st.ChainsTime.
+func (a *Applier) writeChains(ctx context.Context, plans []*chainWrite, st *Stats, fill func() error) ([2][]string, error) {
 	var unknown [2][]string
 	waits := make([]func() error, len(plans))
+	parallel := a.backend.Mode == iptbackend.NFT
+	if fill != nil {
+		// The restores read their rules while fill runs, and commit after
+		// it; the legacy backend's second family waits its turn below
+		// (both take the xtables lock).
+		held := len(plans)
+		if !parallel {
+			held = min(held, 1)
+		}
+		commits := make([]func(bool), held)
+		for i, cw := range plans[:held] {
+			st.Restores++
+			commits[i], waits[i] = cw.f.ipt.StartHeld(ctx, cw.tx)
+		}
+		t := time.Now()
+		err := fill()
+		d := time.Since(t)
+		st.SetsTime += d
+		st.ChainsTime -= d
+		for _, c := range commits {
+			c(err == nil)
+		}
+		if err != nil {
+			for _, w := range waits[:held] {
+				w() // its input ended with no COMMIT: it changed nothing
+			}
+			return unknown, err
+		}
+	}
 	for i, cw := range plans {
-		st.Restores++
-		waits[i] = cw.f.ipt.Start(ctx, cw.tx)
-		if a.backend.Mode != iptbackend.NFT {
+		if waits[i] == nil {
+			st.Restores++
+			waits[i] = cw.f.ipt.Start(ctx, cw.tx)
+		}
+		if !parallel {
 			w := waits[i]
 			err := w()
 			waits[i] = func() error { return err }

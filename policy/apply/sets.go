@@ -18,34 +18,57 @@ import (
 // the whole Apply: policy.Limits.SetMembers must stay at most this.
 const MaxElem = 1 << 20
 
-// syncSets creates missing sets and brings every set's members to what d
-// wants, in one `ipset -exist restore`: the additions of all sets first,
-// then the removals, so a pod moving from one set to another is in one of
-// them at every moment. When chains are to be written too, the removals
-// are left out and returned (later): the caller runs them once the chains
-// are written, so a pod moving into a set that only the new chains name
-// stays in its old set, under its old rules, until those chains are in
-// place — never in neither.
+// setsPlan is what syncSets does to the sets: create some (under their
+// own name or, being replaced, under a temporary one), then add members,
+// then remove members, now or (later) once the chains are written.
+//
+// The additions of all sets go first, then the removals, so a pod moving
+// from one set to another is in one of them at every moment. When chains
+// are to be written too, the removals are left for after them (later): a
+// pod moving into a set that only the new chains name stays in its old
+// set, under its old rules, until those chains are in place — never in
+// neither.
 //
 // A set of ours with the wrong type or family (made by someone else, or by
 // hand) can be neither changed nor renamed while rules name it, so it is
 // replaced in two passes: this one fills a new set under a temporary name
-// and returns alias[name] = temporary name, the chains are written naming
+// and gives alias[name] = temporary name, the chains are written naming
 // the temporary set, and the old set is destroyed once nothing names it
 // (doomed); the next pass (Apply runs it at once) creates the set under
 // its own name, rewrites the chains, and drops the temporary set.
-func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias map[string]string, doomed []string, later *netfilter.SetBatch, err error) {
-	var head, adds, dels netfilter.SetBatch
-	next := map[string]*netfilter.Set{}
-	var created, updated, added, removed int
+type setsPlan struct {
+	creates    []setCreate
+	adds, dels netfilter.SetBatch
+	later      bool
+	alias      map[string]string
+	doomed     []string
+	next       map[string]*netfilter.Set
+
+	created, updated, added, removed int
+}
+
+// setCreate: set name is created as w wants it.
+type setCreate struct {
+	name string
+	w    *wantSet
+}
+
+func (c setCreate) to(b *netfilter.SetBatch) {
+	b.Create(c.name, string(c.w.typ), c.w.family, "hashsize", strconv.Itoa(hashSize(len(c.w.members))), "maxelem", strconv.Itoa(MaxElem))
+}
+
+// planSets compares d's sets with the applier's memory of the kernel.
+func (a *Applier) planSets(d *desired) *setsPlan {
+	p := &setsPlan{next: map[string]*netfilter.Set{}}
 	create := func(name string, w *wantSet) {
-		head.Create(name, string(w.typ), w.family, "hashsize", strconv.Itoa(hashSize(len(w.members))), "maxelem", strconv.Itoa(MaxElem))
+		p.creates = append(p.creates, setCreate{name, w})
+		p.adds.Typed(name, string(w.typ))
 		for _, m := range slices.Sorted(maps.Keys(w.members)) {
-			adds.Add(name, m, w.members[m])
+			p.adds.Add(name, m, w.members[m])
 		}
-		created++
-		added += len(w.members)
-		next[name] = w.kernel()
+		p.created++
+		p.added += len(w.members)
+		p.next[name] = w.kernel()
 	}
 	for _, name := range d.setNames {
 		w := d.sets[name]
@@ -54,12 +77,12 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 			tmp := a.tempSetName(d)
 			a.log.Info("ipset has the wrong type or family; replacing it", "set", name, "have", k.Type+" "+k.Family,
 				"want", string(w.typ)+" "+w.family, "meanwhile", tmp)
-			if alias == nil {
-				alias = map[string]string{}
+			if p.alias == nil {
+				p.alias = map[string]string{}
 			}
-			alias[name] = tmp
-			doomed = append(doomed, name)
-			next[name] = k
+			p.alias[name] = tmp
+			p.doomed = append(p.doomed, name)
+			p.next[name] = k
 			create(tmp, w)
 			continue
 		}
@@ -68,55 +91,98 @@ func (a *Applier) syncSets(ctx context.Context, d *desired, st *Stats) (alias ma
 			continue
 		}
 		if a.inSync[name] == w {
-			next[name] = k // the same wantSet the last sync put there
+			p.next[name] = k // the same wantSet the last sync put there
 			continue
 		}
-		adds.Typed(name, string(w.typ))
-		dels.Typed(name, string(w.typ))
+		p.adds.Typed(name, string(w.typ))
+		p.dels.Typed(name, string(w.typ))
 		plus, minus := memberDiff(k, w)
 		for _, m := range plus {
-			adds.Add(name, m, w.members[m]) // with -exist, also updates nomatch in place
+			p.adds.Add(name, m, w.members[m]) // with -exist, also updates nomatch in place
 		}
 		for _, m := range minus {
-			dels.Del(name, m)
+			p.dels.Del(name, m)
 		}
-		added += len(plus)
-		removed += len(minus)
+		p.added += len(plus)
+		p.removed += len(minus)
 		if len(plus)+len(minus) > 0 {
-			updated++
-			next[name] = w.kernel()
+			p.updated++
+			p.next[name] = w.kernel()
 		} else {
-			next[name] = k
+			p.next[name] = k
 		}
 	}
 	// Sets we have but do not want stay until the chains naming them are
 	// gone (deleteStaleSets).
 	for name, k := range a.sets {
-		if _, ok := next[name]; !ok {
-			next[name] = k
+		if _, ok := p.next[name]; !ok {
+			p.next[name] = k
 		}
 	}
-	head.Append(&adds)
-	if !dels.Empty() && len(alias) == 0 && !a.chainsChange(d) {
-		head.Append(&dels)
-	} else {
-		later = &dels
+	p.later = !p.dels.Empty() && (len(p.alias) > 0 || a.chainsChange(d))
+	return p
+}
+
+// syncSets applies p in one batch: creates, additions and, unless left
+// for later, removals.
+func (a *Applier) syncSets(ctx context.Context, d *desired, p *setsPlan, st *Stats) error {
+	var b netfilter.SetBatch
+	for _, c := range p.creates {
+		c.to(&b)
 	}
-	if err := a.ipsets.Apply(ctx, &head, true); err != nil {
-		return nil, nil, nil, fmt.Errorf("updating the ipsets: %w", err)
+	b.Append(&p.adds)
+	if !p.later {
+		b.Append(&p.dels)
 	}
-	a.sets = next
+	if err := a.ipsets.Apply(ctx, &b, true); err != nil {
+		return fmt.Errorf("updating the ipsets: %w", err)
+	}
+	a.setsSynced(d, p, st)
+	return nil
+}
+
+// createSets is the first half of syncSets, for a sync that writes
+// chains too: it creates p's sets, empty, so that the restore writing the
+// chains can read the rules naming them while fillSets runs.
+func (a *Applier) createSets(ctx context.Context, p *setsPlan) error {
+	var b netfilter.SetBatch
+	for _, c := range p.creates {
+		c.to(&b)
+	}
+	if err := a.ipsets.Apply(ctx, &b, true); err != nil {
+		return fmt.Errorf("creating the ipsets: %w", err)
+	}
+	return nil
+}
+
+// fillSets is the second half: the additions and, unless left for later,
+// the removals.
+func (a *Applier) fillSets(ctx context.Context, d *desired, p *setsPlan, st *Stats) error {
+	var b netfilter.SetBatch
+	b.Append(&p.adds)
+	if !p.later {
+		b.Append(&p.dels)
+	}
+	if err := a.ipsets.Apply(ctx, &b, true); err != nil {
+		return fmt.Errorf("updating the ipsets: %w", err)
+	}
+	a.setsSynced(d, p, st)
+	return nil
+}
+
+// setsSynced records that the kernel's sets are as p made them.
+func (a *Applier) setsSynced(d *desired, p *setsPlan, st *Stats) {
+	a.sets = p.next
 	a.inSync = make(map[string]*wantSet, len(d.setNames))
 	for _, name := range d.setNames {
-		if _, moved := alias[name]; !moved {
+		if _, moved := p.alias[name]; !moved {
 			a.inSync[name] = d.sets[name]
 		}
 	}
-	st.SetsCreated += created
-	st.SetsUpdated += updated
-	st.MembersAdded += added
-	st.MembersRemoved += removed
-	return alias, doomed, later, nil
+	st.SetsCreated += p.created
+	st.SetsUpdated += p.updated
+	st.MembersAdded += p.added
+	st.MembersRemoved += p.removed
 }
 
 // memberDiff is what to add to k (missing, or with the wrong nomatch

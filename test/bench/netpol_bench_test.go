@@ -182,7 +182,8 @@ func msOf(d time.Duration, n int) float64 {
 // node's input, then Apply (ipsets, iptables-restore, jumps). The timer
 // covers both; compile-ms, apply-ms and total-ms are their means, the
 // applier's phases are ipset-ms, chains-ms (iptables-restore and reading
-// back) and read-ms (reading the empty kernel first). Making and removing
+// back, beyond the members added while the restore reads its rules, which
+// count in ipset-ms) and read-ms (reading the empty kernel first). Making and removing
 // the namespace is not timed. The first iteration checks that the kernel
 // holds exactly the ruleset's rules, chains, sets and members.
 func BenchmarkNetpolFullSync(b *testing.B) {
