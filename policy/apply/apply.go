@@ -328,13 +328,15 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 	sp := a.planSets(d)
 	alias, doomed := sp.alias, sp.doomed
 	var plans []*chainWrite
+	var jumps [2]map[string]jumpWrite
 	for _, f := range a.fams {
 		if f == nil {
 			continue
 		}
 		w := &d.fams[f.idx]
-		if cw := planChains(f, w, alias, foldableStale(f, w, current[f.idx] != nil, alias)); cw != nil {
+		if cw := planChains(f, w, alias, foldableStale(f, w, current[f.idx] != nil, alias), current[f.idx]); cw != nil {
 			plans = append(plans, cw)
+			jumps[f.idx] = cw.jumps
 		}
 	}
 	var written [2][]string
@@ -379,9 +381,13 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 			continue
 		}
 		st.ChainsReadBack += len(written[f.idx])
-		if err := a.readBack(ctx, f, written[f.idx]); err != nil {
+		read, err := a.readBack(ctx, f, written[f.idx], jumps[f.idx])
+		if err != nil {
 			st.ChainsTime += time.Since(t)
 			return nil, err
+		}
+		for b, lines := range read {
+			current[f.idx][b] = lines // the jumps written with the chains
 		}
 	}
 	st.ChainsTime += time.Since(t)

@@ -283,14 +283,16 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	// 1. Add: everything created, the leftovers gone, the jumps first in
 	// FORWARD and OUTPUT, above kube-proxy's and Docker's.
 	st := n.apply(ruleset1())
+	t.Logf("TMP restores %d", st.Restores)
 	check("the first Apply", ruleset1())
 	// The hash:net tabby-np-p4-aaa, named by a leftover rule, is replaced
 	// in two passes through a stand-in set: 5 sets created, 3 deleted (the
 	// stand-in too), the chain naming it written twice.
 	if !st.KernelRead || st.SetsCreated != 7 || st.ChainsWritten != 13 || st.ChainsDeleted != 2 || st.SetsDeleted != 3 ||
-		st.JumpsInserted != 4 || st.JumpsDeleted != 2 || st.MembersAdded != 11 {
+		st.JumpsInserted != 4 || st.JumpsDeleted != 2 || st.MembersAdded != 11 || st.Restores != 5 {
 		t.Errorf("the first Apply: %+v; want the kernel read, 7 sets created (6 and a stand-in for the hash:net), 13 chains written (12, one twice), "+
-			"11 members added, 2 leftover chains, 3 sets (2 leftovers, the stand-in) and 2 jumps deleted, 4 jumps inserted", st)
+			"11 members added, 2 leftover chains, 3 sets (2 leftovers, the stand-in) and 2 jumps deleted, 4 jumps inserted, "+
+			"in 5 restores (the jumps written with the chains; 10 when each built-in chain took a restore of its own)", st)
 	}
 
 	// 2. Members only: one ipset restore, no iptables-restore. Counters put
@@ -378,8 +380,15 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	})
 	check("an audit", ruleset3())
 
-	// 5. Tampering with chains and sets, found on the next kernel read
-	// (Invalidate stands in for the resync period).
+	// 5. Tampering with chains, sets and a jump, found on the next kernel
+	// read (Invalidate stands in for the resync period). The jump pushed
+	// down is put back on top in the same restore as the IPv4 chain.
+	n.sh("ipt", "-I", "FORWARD", "1", "-s", "10.77.0.0/16", "-j", "ACCEPT")
+	lb := "v4 -A FORWARD -j DOCKER-USER" // the first of others' FORWARD rules
+	if !strings.Contains(before.others, lb) {
+		t.Fatalf("the node's rules lack %q:\n%s", lb, before.others)
+	}
+	before.others = strings.Replace(before.others, lb, "v4 -A FORWARD -s 10.77.0.0/16 -j ACCEPT\n"+lb, 1)
 	n.sh("ipt", "-F", "TABBY-NP-PI-AAAA")
 	n.sh("ip6t", "-A", "TABBY-NP-PI-BBBB", "-j", "ACCEPT")
 	n.sh("ipset", "del", "tabby-np-p4-aaa", "10.244.1.10")
@@ -389,8 +398,13 @@ func testSequence(t *testing.T, b iptbackend.Backend) {
 	n.a.Invalidate()
 	st = n.apply(ruleset3())
 	check("repairing tampering", ruleset3())
-	if !st.KernelRead || st.ChainsWritten != 2 || st.MembersAdded != 2 || st.MembersRemoved != 1 || st.SetsDeleted != 1 {
-		t.Errorf("repairing tampering: %+v; want the 2 tampered chains rewritten, 2 members added and 1 removed, the stray set deleted", st)
+	if !st.KernelRead || st.ChainsWritten != 2 || st.MembersAdded != 2 || st.MembersRemoved != 1 || st.SetsDeleted != 1 ||
+		st.JumpsDeleted != 1 || st.JumpsInserted != 1 || st.Restores != 2 {
+		t.Errorf("repairing tampering: %+v; want the 2 tampered chains rewritten, 2 members added and 1 removed, the stray set deleted, "+
+			"the IPv4 FORWARD jump rewritten, in 2 restores (one per family: the jump goes with the IPv4 chain)", st)
+	}
+	if got := n.checkJumps(); got != 0 {
+		t.Errorf("CheckJumps after jumps written with the chains repaired %d jumps; want 0", got)
 	}
 
 	// 6. Everything of tabby's wiped behind the applier's back (as a

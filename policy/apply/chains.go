@@ -20,7 +20,17 @@ type chainWrite struct {
 	write []string
 	rules map[string][][]string
 	stale []string
+	// jumps are the built-in chains whose jumps the transaction rewrites
+	// too (see planChains).
+	jumps map[string]jumpWrite
 	tx    *netfilter.Tx
+}
+
+// jumpWrite: the jumps of a built-in chain, mine as printed, replaced by
+// want.
+type jumpWrite struct {
+	mine []string
+	want [][]string
 }
 
 // planChains is the transaction that brings f's policy chains to w: every
@@ -31,7 +41,13 @@ type chainWrite struct {
 // chains that named them are rewritten: one restore, not two. Declaring a
 // chain (":NAME - [0:0]") flushes it; the chains not named are left as
 // they are, and so is everything else in the table. nil: nothing to do.
-func planChains(f *family, w *wantFamily, alias map[string]string, stale []string) *chainWrite {
+//
+// When the caller has just read the built-in chains (current), the jumps
+// that need rewriting (syncJumps) are rewritten in the same transaction,
+// after the chains they go to: one restore rather than one more per
+// built-in chain, each of which, with the legacy backend, loads and
+// replaces the whole table.
+func planChains(f *family, w *wantFamily, alias map[string]string, stale []string, current map[string][]string) *chainWrite {
 	cw := &chainWrite{f: f, rules: map[string][][]string{}, stale: stale}
 	for _, name := range w.order {
 		want := w.chains[name]
@@ -54,6 +70,17 @@ func planChains(f *family, w *wantFamily, alias map[string]string, stale []strin
 	for _, name := range cw.write {
 		for _, r := range cw.rules[name] {
 			cw.tx.Append(name, r)
+		}
+	}
+	if current != nil {
+		for _, b := range builtins {
+			if mine, repair := f.jumpsRepair(b, w.jumps[b], current[b]); repair {
+				if cw.jumps == nil {
+					cw.jumps = map[string]jumpWrite{}
+				}
+				cw.jumps[b] = jumpWrite{mine, w.jumps[b]}
+				jumpLines(cw.tx, b, mine, w.jumps[b])
+			}
 		}
 	}
 	deleteChains(cw.tx, stale)
@@ -126,15 +153,21 @@ func (a *Applier) writeChains(ctx context.Context, plans []*chainWrite, st *Stat
 			errs = append(errs, fmt.Errorf("writing %d %s policy chains (and removing %d no longer wanted): %w", len(cw.write), cw.f.name, len(cw.stale), err))
 			continue
 		}
-		unknown[cw.f.idx] = cw.done(st)
+		unknown[cw.f.idx] = a.done(cw, st)
 	}
 	return unknown, errors.Join(errs...)
 }
 
 // done records a transaction that went through; it returns the chains
 // written whose printing is not known.
-func (cw *chainWrite) done(st *Stats) []string {
+func (a *Applier) done(cw *chainWrite, st *Stats) []string {
 	f := cw.f
+	for _, b := range builtins {
+		if j, ok := cw.jumps[b]; ok {
+			delete(f.jumps, b) // known once read back (readBack)
+			a.jumpsWritten(f, b, j.mine, j.want, st)
+		}
+	}
 	st.ChainsWritten += len(cw.write)
 	st.ChainsDeleted += len(cw.stale)
 	for _, name := range cw.stale {
@@ -154,21 +187,39 @@ func (cw *chainWrite) done(st *Stats) []string {
 // readBack remembers how the kernel prints the chains just written, and
 // learns from them how it prints their rules: a few one by one (iptables
 // -S prints a rule as iptables-save does), many with one iptables-save.
-func (a *Applier) readBack(ctx context.Context, f *family, write []string) error {
-	if len(write) <= readBackOneByOne {
+// It reads the built-in chains whose jumps were rewritten with them
+// (jumps) too, and returns their rules.
+func (a *Applier) readBack(ctx context.Context, f *family, write []string, jumps map[string]jumpWrite) (map[string][]string, error) {
+	var read map[string][]string
+	if len(jumps) > 0 {
+		read = map[string][]string{}
+	}
+	if len(write)+len(jumps) <= readBackOneByOne {
 		for _, name := range write {
 			lines, err := a.listRules(f, name)
 			if err != nil {
 				delete(f.chains, name)
-				return err
+				return nil, err
 			}
 			f.readBack(name, lines)
 		}
-		return nil
+		for _, b := range builtins {
+			if j, ok := jumps[b]; ok {
+				lines, err := a.listRules(f, b)
+				if err != nil {
+					return nil, err
+				}
+				if err := f.jumpsRead(b, j.want, lines); err != nil {
+					return nil, err
+				}
+				read[b] = lines
+			}
+		}
+		return read, nil
 	}
 	ft, err := a.readFilter(ctx, f)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, name := range write {
 		lines, ok := ft.chains[name]
@@ -178,7 +229,15 @@ func (a *Applier) readBack(ctx context.Context, f *family, write []string) error
 		}
 		f.readBack(name, lines)
 	}
-	return nil
+	for _, b := range builtins {
+		if j, ok := jumps[b]; ok {
+			if err := f.jumpsRead(b, j.want, ft.builtins[b]); err != nil {
+				return nil, err
+			}
+			read[b] = ft.builtins[b]
+		}
+	}
+	return read, nil
 }
 
 // readBack records lines as the printing of chain name, written just

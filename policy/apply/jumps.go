@@ -49,25 +49,8 @@ func (a *Applier) syncJumps(ctx context.Context, f *family, want map[string][][]
 				return err
 			}
 		}
-		var mine []string
-		inPlace := known != nil && equalRules(known.want, w)
-		for i, l := range lines {
-			if !ours(l) {
-				continue
-			}
-			mine = append(mine, l)
-			if i >= len(w) || !inPlace || l != known.lines[i] {
-				inPlace = false
-			}
-		}
-		if len(mine) != len(w) {
-			inPlace = false
-		}
-		if len(w) == 0 && len(mine) == 0 {
-			f.jumps[b] = &kernelJumps{}
-			continue
-		}
-		if inPlace {
+		mine, repair := f.jumpsRepair(b, w, lines)
+		if !repair {
 			continue
 		}
 		if err := a.rewriteJumps(ctx, f, b, mine, w, st); err != nil {
@@ -81,27 +64,71 @@ func (a *Applier) syncJumps(ctx context.Context, f *family, want map[string][][]
 // printed) by w at the top, and remembers how the kernel prints them.
 func (a *Applier) rewriteJumps(ctx context.Context, f *family, b string, mine []string, w [][]string, st *Stats) error {
 	tx := netfilter.NewTx("filter")
+	jumpLines(tx, b, mine, w)
+	st.Restores++
+	if err := f.ipt.Apply(ctx, tx); err != nil {
+		delete(f.jumps, b)
+		return fmt.Errorf("putting tabby's jumps at the top of %s %s: %w", f.name, b, err)
+	}
+	a.jumpsWritten(f, b, mine, w, st)
+	lines, err := a.listRules(f, b)
+	if err != nil {
+		delete(f.jumps, b)
+		return err
+	}
+	return f.jumpsRead(b, w, lines)
+}
+
+// jumpsRepair says whether tabby's jumps in built-in chain b, whose rules
+// the kernel prints as lines, need rewriting to be w at the top, and
+// gives the jumps there now (mine). None wanted and none there is
+// recorded as in place.
+func (f *family) jumpsRepair(b string, w [][]string, lines []string) (mine []string, repair bool) {
+	known := f.jumps[b]
+	inPlace := known != nil && equalRules(known.want, w)
+	for i, l := range lines {
+		if !ours(l) {
+			continue
+		}
+		mine = append(mine, l)
+		if i >= len(w) || !inPlace || l != known.lines[i] {
+			inPlace = false
+		}
+	}
+	if len(mine) != len(w) {
+		inPlace = false
+	}
+	if len(w) == 0 && len(mine) == 0 {
+		f.jumps[b] = &kernelJumps{}
+		return nil, false
+	}
+	return mine, !inPlace
+}
+
+// jumpLines are the lines of a transaction that replace mine, tabby's
+// jumps in built-in chain b as printed, by w at its top.
+func jumpLines(tx *netfilter.Tx, b string, mine []string, w [][]string) {
 	for _, l := range mine {
 		tx.Delete(b, l)
 	}
 	for i, r := range w {
 		tx.Insert(b, i+1, r)
 	}
-	st.Restores++
-	if err := f.ipt.Apply(ctx, tx); err != nil {
-		delete(f.jumps, b)
-		return fmt.Errorf("putting tabby's jumps at the top of %s %s: %w", f.name, b, err)
-	}
+}
+
+// jumpsWritten counts and logs a rewrite of b's jumps that went through.
+func (a *Applier) jumpsWritten(f *family, b string, mine []string, w [][]string, st *Stats) {
 	st.JumpsDeleted += len(mine)
 	st.JumpsInserted += len(w)
 	if len(mine) > 0 || len(w) > 0 {
 		a.log.Info("NetworkPolicy jumps written", "chain", b, "family", f.name, "removed", len(mine), "inserted", len(w))
 	}
-	lines, err := a.listRules(f, b)
-	if err != nil {
-		delete(f.jumps, b)
-		return err
-	}
+}
+
+// jumpsRead remembers how the kernel prints the jumps w just written at
+// the top of b (lines: b's rules), and fails when a jump to a policy chain
+// is below them.
+func (f *family) jumpsRead(b string, w [][]string, lines []string) error {
 	var top []string
 	for i, l := range lines {
 		if ours(l) && i >= len(w) {
