@@ -84,7 +84,7 @@ type Applier struct {
 	lastRead time.Time
 	sets     map[string]*netfilter.Set
 	tmpSeq   int
-	// inSync maps a set to the wantSet the last syncSets brought it to:
+	// inSync maps a set to the wantSet the last fillSets brought it to:
 	// the same wantSet again (validate takes an unchanged set over) is
 	// not compared member by member. Reading the kernel forgets it.
 	inSync map[string]*wantSet
@@ -313,7 +313,7 @@ func (a *Applier) read(ctx context.Context, st *Stats) ([2]map[string][]string, 
 // converge makes the kernel match d from the applier's memory of it, and
 // from current, the built-in chains' rules, when the kernel was just read.
 func (a *Applier) converge(ctx context.Context, d *desired, current [2]map[string][]string, st *Stats) error {
-	// A set of the wrong type takes a second pass (syncSets).
+	// A set of the wrong type takes a second pass (setsPlan).
 	for pass := 0; ; pass++ {
 		alias, err := a.pass(ctx, d, current, st)
 		if err != nil || len(alias) == 0 || pass > 0 {
@@ -340,21 +340,18 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 		}
 	}
 	var written [2][]string
-	var err error
-	if len(plans) == 0 {
-		err = a.syncSets(ctx, d, sp, st)
-		st.SetsTime += time.Since(t)
-		if err != nil {
-			return nil, err
-		}
-	} else {
-		// The sets are created first, then filled while the restores
-		// read the chains naming them, which commit once they are full.
-		err = a.createSets(ctx, sp)
-		st.SetsTime += time.Since(t)
-		if err != nil {
-			return nil, err
-		}
+	// The sets are created first, then filled; when chains are written,
+	// while the restores read the rules naming the sets, which commit
+	// once they are full.
+	err := a.createSets(ctx, sp)
+	if err == nil && len(plans) == 0 {
+		err = a.fillSets(ctx, d, sp, st)
+	}
+	st.SetsTime += time.Since(t)
+	if err != nil {
+		return nil, err
+	}
+	if len(plans) > 0 {
 		t = time.Now()
 		written, err = a.writeChains(ctx, plans, st, func() error { return a.fillSets(ctx, d, sp, st) })
 		st.ChainsTime += time.Since(t)

@@ -18,7 +18,7 @@ import (
 // the whole Apply: policy.Limits.SetMembers must stay at most this.
 const MaxElem = 1 << 20
 
-// setsPlan is what syncSets does to the sets: create some (under their
+// setsPlan is what a sync does to the sets: create some (under their
 // own name or, being replaced, under a temporary one), then add members,
 // then remove members, now or (later) once the chains are written.
 //
@@ -123,27 +123,9 @@ func (a *Applier) planSets(d *desired) *setsPlan {
 	return p
 }
 
-// syncSets applies p in one batch: creates, additions and, unless left
-// for later, removals.
-func (a *Applier) syncSets(ctx context.Context, d *desired, p *setsPlan, st *Stats) error {
-	var b netfilter.SetBatch
-	for _, c := range p.creates {
-		c.to(&b)
-	}
-	b.Append(&p.adds)
-	if !p.later {
-		b.Append(&p.dels)
-	}
-	if err := a.ipsets.Apply(ctx, &b, true); err != nil {
-		return fmt.Errorf("updating the ipsets: %w", err)
-	}
-	a.setsSynced(d, p, st)
-	return nil
-}
-
-// createSets is the first half of syncSets, for a sync that writes
-// chains too: it creates p's sets, empty, so that the restore writing the
-// chains can read the rules naming them while fillSets runs.
+// createSets creates p's sets, empty. When chains are written too, the
+// restore writing them then reads the rules naming the sets while
+// fillSets runs.
 func (a *Applier) createSets(ctx context.Context, p *setsPlan) error {
 	var b netfilter.SetBatch
 	for _, c := range p.creates {
@@ -155,8 +137,9 @@ func (a *Applier) createSets(ctx context.Context, p *setsPlan) error {
 	return nil
 }
 
-// fillSets is the second half: the additions and, unless left for later,
-// the removals.
+// fillSets makes p's additions and, unless left for later, its removals,
+// in one batch: a member moving between sets is in one of them at every
+// moment.
 func (a *Applier) fillSets(ctx context.Context, d *desired, p *setsPlan, st *Stats) error {
 	var b netfilter.SetBatch
 	b.Append(&p.adds)
@@ -208,7 +191,7 @@ func (w *wantSet) kernel() *netfilter.Set {
 	return &netfilter.Set{Type: string(w.typ), Family: w.family, Members: maps.Clone(w.members)}
 }
 
-// removeMembers runs the removals syncSets left for after the chains.
+// removeMembers runs the removals a setsPlan left for after the chains.
 func (a *Applier) removeMembers(ctx context.Context, dels *netfilter.SetBatch) error {
 	if dels == nil {
 		return nil
