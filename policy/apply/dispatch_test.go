@@ -343,21 +343,7 @@ func testMembersLeaveAfterChains(t *testing.T, b iptbackend.Backend) {
 	n := newNode(t, logged, apply.Options{IPSet: wrap(ipsetPath), IPSetNoNetlink: true})
 
 	const m4, m6 = "10.244.0.5,tab5", "fd00::5,tab5"
-	ruleset := func(old, new [2][]string, newRule bool) *policy.Ruleset {
-		rs := &policy.Ruleset{Jumps: []policy.Jump{{Chain: "FORWARD", Rule: r("-j TABBY-NP-FORWARD")}}}
-		for f, fam := range []string{policy.FamilyIPv4, policy.FamilyIPv6} {
-			d := []string{"4", "6"}[f]
-			rs.Sets = append(rs.Sets,
-				policy.Set{Name: "tabby-np-e" + d + "-new", Type: policy.SetHashNetIface, Family: fam, Members: new[f]},
-				policy.Set{Name: "tabby-np-e" + d + "-old", Type: policy.SetHashNetIface, Family: fam, Members: old[f]})
-			c := chain("TABBY-NP-FORWARD", fam, "-m set --match-set tabby-np-e"+d+"-old src,src -j DROP")
-			if newRule {
-				c.Rules = append(c.Rules, r("-m set --match-set tabby-np-e"+d+"-new src,src -j DROP"))
-			}
-			rs.Chains = append(rs.Chains, c)
-		}
-		return rs
-	}
+	ruleset := moveRuleset
 	pod := [2][]string{{m4}, {m6}}
 	n.apply(ruleset(pod, [2][]string{}, false))
 	readLog := func() string {
@@ -403,6 +389,76 @@ func testMembersLeaveAfterChains(t *testing.T, b iptbackend.Backend) {
 	}
 	if diff := cmpState(n, want); diff != "" {
 		t.Errorf("after the move back: %s", diff)
+	}
+}
+
+// moveRuleset has a pod's members in the -old sets and the -new sets of
+// both families (old, new), and a rule naming each -old set; with newRule,
+// also a rule naming each -new set, after it.
+func moveRuleset(old, new [2][]string, newRule bool) *policy.Ruleset {
+	rs := &policy.Ruleset{Jumps: []policy.Jump{{Chain: "FORWARD", Rule: r("-j TABBY-NP-FORWARD")}}}
+	for f, fam := range []string{policy.FamilyIPv4, policy.FamilyIPv6} {
+		d := []string{"4", "6"}[f]
+		rs.Sets = append(rs.Sets,
+			policy.Set{Name: "tabby-np-e" + d + "-new", Type: policy.SetHashNetIface, Family: fam, Members: new[f]},
+			policy.Set{Name: "tabby-np-e" + d + "-old", Type: policy.SetHashNetIface, Family: fam, Members: old[f]})
+		c := chain("TABBY-NP-FORWARD", fam, "-m set --match-set tabby-np-e"+d+"-old src,src -j DROP")
+		if newRule {
+			c.Rules = append(c.Rules, r("-m set --match-set tabby-np-e"+d+"-new src,src -j DROP"))
+		}
+		rs.Chains = append(rs.Chains, c)
+	}
+	return rs
+}
+
+// A sync whose sets cannot be filled commits none of its chains: the
+// restores read their rules while the sets are filled, and get no COMMIT
+// when that fails. Then it goes through once the sets can be filled.
+func TestFillFailsNothingCommitted(t *testing.T) {
+	needRoot(t)
+	for _, b := range backends(t) {
+		t.Run(string(b.Mode), func(t *testing.T) { testFillFails(t, b) })
+	}
+}
+
+func testFillFails(t *testing.T, b iptbackend.Backend) {
+	dir := t.TempDir()
+	refuse := filepath.Join(dir, "refuse")
+	real, err := exec.LookPath("ipset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The ipset program, refusing any input that adds to tabby-np-e4-new
+	// while the file refuse exists.
+	wrapper := filepath.Join(dir, "ipset")
+	script := fmt.Sprintf("#!/bin/sh\nin=$(cat)\nif [ -e %s ] && printf '%%s\\n' \"$in\" | grep -q 'add tabby-np-e4-new'; then echo 'refused by the test' >&2; exit 1; fi\nprintf '%%s\\n' \"$in\" | %s \"$@\"\n", refuse, real)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := newNode(t, b, apply.Options{IPSet: wrapper, IPSetNoNetlink: true})
+	pod := [2][]string{{"10.244.0.5,tab5"}, {"fd00::5,tab5"}}
+	before := moveRuleset(pod, [2][]string{}, false)
+	n.apply(before)
+
+	if err := os.WriteFile(refuse, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := moveRuleset([2][]string{}, pod, true)
+	st, err := n.tryApply(want)
+	if err == nil || !strings.Contains(err.Error(), "refused by the test") {
+		t.Fatalf("Apply with the additions refused: %+v, %v; want the ipset error", st, err)
+	}
+	t.Logf("refused, as it should be: %v", err)
+	if diff := cmpState(n, before); diff != "" {
+		t.Errorf("after a sync whose sets could not be filled: %s", diff)
+	}
+
+	if err := os.Remove(refuse); err != nil {
+		t.Fatal(err)
+	}
+	n.apply(want)
+	if diff := cmpState(n, want); diff != "" {
+		t.Errorf("once the sets can be filled: %s", diff)
 	}
 }
 
