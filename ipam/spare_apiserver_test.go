@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -87,19 +88,31 @@ func TestSpares(t *testing.T) {
 			t.Errorf("%s: SpareFits = %v, want %v", tc.name, got, tc.want)
 		}
 	}
+	// IPAM reads pools from the API server's watch cache, which may lag a
+	// write by a moment (CI once read the pool still enabled): each
+	// answer is awaited, not expected at once.
+	fits := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for m.SpareFits(c, s, pod) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("SpareFits stayed %v for 10 s after the pool changed", !want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	p := pool.DeepCopy()
 	p.Spec.Disabled = true
 	if _, err := ds.IPPools.Update(c, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if m.SpareFits(c, s, pod) {
-		t.Error("a spare of a disabled pool fits")
-	}
+	fits(false) // a spare of a disabled pool does not fit
 	p, _ = ds.IPPools.Get(c, pool.Name, metav1.GetOptions{})
 	p.Spec.Disabled = false
 	if _, err := ds.IPPools.Update(c, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	fits(true)
 
 	// The transfer, twice: the first also makes the next spare in the
 	// same write, the second (as after a write whose outcome was not
