@@ -20,7 +20,7 @@ func TestCachesCountChanges(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	passes := make(chan struct{}, 100)
-	c := newCaches(ds, func() { passes <- struct{}{} })
+	c := newCaches(ds, nil, func() { passes <- struct{}{} })
 	if err := c.run(ctx); err != nil {
 		t.Fatal(err)
 	}

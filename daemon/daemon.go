@@ -187,8 +187,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			})
 		}
 	}
-	routes := startRouting(gs, cfg, ds, backend, met, mux)
-	policies, err := startPolicy(gs, cfg, rc, ds, backend, met, mux)
+	// Routing, NetworkPolicy and the CNI agent share one watch and one
+	// cache of the nodes, pools, blocks and namespaces.
+	infs := datastore.NewInformers(ds)
+	routes := startRouting(gs, cfg, ds, infs, backend, met, mux)
+	policies, err := startPolicy(gs, cfg, rc, ds, infs, backend, met, mux)
 	if err != nil {
 		return err
 	}
@@ -201,7 +204,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	if cfg.CNISocket != "" {
-		if err := startAgent(gs, cfg, rc, met, policies); err != nil {
+		if err := startAgent(gs, cfg, rc, infs, met, policies); err != nil {
 			return err
 		}
 	}
@@ -298,7 +301,7 @@ func startHeartbeat(gs *goroutines, cfg Config, rc *rest.Config, ready *readines
 }
 
 // startAgent serves the CNI plugins' IPAM on cfg.CNISocket until ctx ends.
-func startAgent(gs *goroutines, cfg Config, rc *rest.Config, met *Metrics, policies *netpol.Controller) error {
+func startAgent(gs *goroutines, cfg Config, rc *rest.Config, infs *datastore.Informers, met *Metrics, policies *netpol.Controller) error {
 	// The agent paces itself (one assignment or release at a time on
 	// the node): a client-side rate limit would only queue a burst of
 	// pods behind it. The API server's priority and fairness still
@@ -309,7 +312,7 @@ func startAgent(gs *goroutines, cfg Config, rc *rest.Config, met *Metrics, polic
 	if err != nil {
 		return err
 	}
-	acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Log: cfg.Log, Metrics: met.agent, Spares: cfg.CNISpares}
+	acfg := cniagent.Config{Socket: cfg.CNISocket, NodeName: cfg.NodeName, DS: ads, Informers: infs, Log: cfg.Log, Metrics: met.agent, Spares: cfg.CNISpares}
 	if policies != nil {
 		acfg.Policy = policies
 	}

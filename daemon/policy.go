@@ -27,7 +27,7 @@ import (
 // ends; the rules stay in the kernel when tabbyd stops, so pods stay
 // protected across restarts. With cfg.NetworkPolicy off it removes instead
 // what an earlier run programmed, and returns a nil controller.
-func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) (*netpol.Controller, error) {
+func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Client, infs *datastore.Informers, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) (*netpol.Controller, error) {
 	log := cfg.Log.With("loop", "policy")
 	denied, err := startDeniedLog(gs, cfg, met, mux)
 	if err != nil {
@@ -58,9 +58,10 @@ func startPolicy(gs *goroutines, cfg Config, rc *rest.Config, ds *datastore.Clie
 	}
 	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName, log)
 	c, err := netpol.New(netpol.Config{
-		Node:     cfg.NodeName,
-		DS:       ds,
-		Policies: pc,
+		Node:      cfg.NodeName,
+		DS:        ds,
+		Informers: infs,
+		Policies:  pc,
 		// ClusterNetworkPolicy is always on: without its CRD the
 		// client lists none.
 		ClusterPolicies: cpc,

@@ -60,6 +60,9 @@ type routerConfig struct {
 	// Transition tunes BGP's make-before-break.
 	Transition bgp.TransitionOptions
 	DS         *datastore.Client
+	// Informers, when set, are the informers the loop shares with
+	// tabbyd's other components (nil: its own).
+	Informers  *datastore.Informers
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
 	// Metrics, when set, are the loop's metrics instead of Registerer's.
@@ -155,7 +158,7 @@ func newRouter(cfg routerConfig) *router {
 	m := ipam.New(cfg.DS, ipam.WithLogger(cfg.Log))
 	r.vxlan = &tunnel{kind: "vxlan", node: cfg.Node, m: m}
 	r.ipip = &tunnel{kind: "ipip", node: cfg.Node, m: m}
-	r.caches = newCaches(cfg.DS, r.markDirty)
+	r.caches = newCaches(cfg.DS, cfg.Informers, r.markDirty)
 	r.status = nodestatus.Status{Node: cfg.Node}
 	r.notReady = []string{"the routing caches have not synced with the API server yet"}
 	return r

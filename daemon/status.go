@@ -14,7 +14,7 @@ import (
 
 // startRouting starts the routing loop of cfg's node (until ctx ends) and
 // serves its status as JSON on GET /status of mux. /readyz asks its Ready.
-func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) *router {
+func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, infs *datastore.Informers, backend *iptbackend.Backend, met *Metrics, mux *http.ServeMux) *router {
 	rec, stopEvents := netpol.NewRecorder(ds, cfg.NodeName, cfg.Log.With("loop", "routing"))
 	r := newRouter(routerConfig{
 		Node:        cfg.NodeName,
@@ -23,6 +23,7 @@ func startRouting(gs *goroutines, cfg Config, ds *datastore.Client, backend *ipt
 		Resync:      cfg.Resync,
 		StartupHold: cfg.StartupHold,
 		DS:          ds,
+		Informers:   infs,
 		Log:         cfg.Log,
 		Metrics:     met.routing,
 		Recorder:    rec,

@@ -82,6 +82,7 @@ func borrowed(b *tabbyv1.IPAMBlock) []string {
 // one at a time.
 type caches struct {
 	ds                                            *datastore.Client
+	infs                                          *datastore.Informers
 	nodes, pools, blocks, configs, peers, filters cache.SharedIndexInformer
 
 	// gen counts the changes that matter to routing, each counted before
@@ -99,15 +100,19 @@ type caches struct {
 // nodeChanged) ignore copies them again at least that often.
 const snapshotReuse = 10 * time.Second
 
-func newCaches(ds *datastore.Client, onChange func()) *caches {
-	c := &caches{ds: ds}
+func newCaches(ds *datastore.Client, infs *datastore.Informers, onChange func()) *caches {
+	if infs == nil {
+		infs = datastore.NewInformers(ds)
+	}
+	c := &caches{ds: ds, infs: infs}
 	changed := func() {
 		c.gen.Add(1)
 		onChange()
 	}
-	c.nodes = watchAll(&corev1.Node{}, ds.Nodes, changed, nodeChanged)
-	c.pools = watchAll(&tabbyv1.IPPool{}, ds.IPPools, changed, nil)
-	c.blocks = watchAll(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, changed, blockChanged)
+	c.nodes, c.pools, c.blocks = infs.Nodes(), infs.IPPools(), infs.IPAMBlocks()
+	datastore.OnChange(c.nodes, changed, nodeChanged)
+	datastore.OnChange(c.pools, changed, nil)
+	datastore.OnChange(c.blocks, changed, blockChanged)
 	c.configs = watchAll(&tabbyv1.BGPConfiguration{}, ds.BGPConfigurations, changed, nil)
 	c.peers = watchAll(&tabbyv1.BGPPeer{}, ds.BGPPeers, changed, nil)
 	c.filters = watchAll(&tabbyv1.BGPFilter{}, ds.BGPFilters, changed, nil)
@@ -118,9 +123,9 @@ func newCaches(ds *datastore.Client, onChange func()) *caches {
 // ctx's error. They run until ctx ends.
 func (c *caches) run(ctx context.Context) error {
 	all := []cache.SharedIndexInformer{c.nodes, c.pools, c.blocks, c.configs, c.peers, c.filters}
+	c.infs.Run(ctx, all...)
 	synced := make([]cache.InformerSynced, 0, len(all))
 	for _, inf := range all {
-		go inf.RunWithContext(ctx)
 		synced = append(synced, inf.HasSynced)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {

@@ -51,7 +51,11 @@ type Config struct {
 	Socket   string
 	NodeName string
 	DS       *datastore.Client
-	Log      *slog.Logger
+	// Informers, when set, are the informers of IPPools, IPAMBlocks and
+	// Namespaces the agent shares with tabbyd's other components (nil:
+	// its own, over DS).
+	Informers *datastore.Informers
+	Log       *slog.Logger
 	// Registerer takes the agent's metrics (nil: none).
 	Registerer prometheus.Registerer
 	// Metrics, when set, are the agent's metrics instead of Registerer's.
@@ -135,7 +139,10 @@ func New(cfg Config) (*Agent, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{cfg: cfg, log: cfg.Log.With("component", "cni-agent"), pending: map[string]*pendingRecord{}, met: newMetrics(), writeDelay: recordDelay}
-	a.caches = NewCaches(cfg.DS, cfg.NodeName)
+	var err error
+	if a.caches, err = NewCaches(cfg.DS, cfg.Informers, cfg.NodeName); err != nil {
+		return nil, err
+	}
 	a.caches.podLookup = func(source string) { a.met.podLookups.WithLabelValues(source).Inc() }
 	if cfg.Policy != nil {
 		a.caches.onBlock = cfg.Policy.ObserveBlock

@@ -116,7 +116,10 @@ func eventually(t *testing.T, what string, f func() bool) {
 func TestCaches(t *testing.T) {
 	w := newWorld(t)
 	ctx := testCtx(t)
-	c := NewCaches(w.ds, w.node)
+	c, err := NewCaches(w.ds, datastore.NewInformers(w.ds), w.node)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var lookups []string
 	c.podLookup = func(s string) { lookups = append(lookups, s) }
 	if err := c.Run(ctx); err != nil {

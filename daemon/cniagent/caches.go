@@ -32,6 +32,7 @@ const mutationTTL = 10 * time.Second
 // through ForPod), with the API server behind for what they lack.
 type Caches struct {
 	ds   *datastore.Client
+	infs *datastore.Informers
 	node string
 	api  ipam.Source
 
@@ -46,27 +47,39 @@ type Caches struct {
 	onBlock func(*tabbyv1.IPAMBlock)
 }
 
-// NewCaches makes the informers of node; Run starts them.
-func NewCaches(ds *datastore.Client, node string) *Caches {
-	c := &Caches{ds: ds, node: node, api: ipam.APISource(ds), podLookup: func(string) {}}
+// NewCaches makes the informers of node (the pools, blocks and namespaces
+// from infs, nil: its own); Run starts them.
+func NewCaches(ds *datastore.Client, infs *datastore.Informers, node string) (*Caches, error) {
+	if infs == nil {
+		infs = datastore.NewInformers(ds)
+	}
+	c := &Caches{ds: ds, infs: infs, node: node, api: ipam.APISource(ds), podLookup: func(string) {}}
 	everything := func(*metav1.ListOptions) {}
-	c.pools = datastore.NewInformer(&tabbyv1.IPPool{}, ds.IPPools, everything, nil)
-	c.blocks = datastore.NewInformer(&tabbyv1.IPAMBlock{}, ds.IPAMBlocks, everything, cache.Indexers{byNode: func(obj any) ([]string, error) {
-		b, ok := obj.(*tabbyv1.IPAMBlock)
-		if !ok {
-			return nil, nil
+	c.pools = infs.IPPools()
+	c.blocks = infs.IPAMBlocks()
+	if _, ok := c.blocks.GetIndexer().GetIndexers()[byNode]; !ok {
+		if err := c.blocks.AddIndexers(cache.Indexers{byNode: blockNode}); err != nil {
+			return nil, fmt.Errorf("indexing the IPAMBlock cache by node: %w", err)
 		}
-		return []string{b.Labels[tabbyv1.LabelNode]}, nil
-	}})
+	}
 	c.configs = datastore.NewInformer(&tabbyv1.IPAMConfiguration{}, ds.IPAMConfigurations, everything, nil)
 	c.nodes = datastore.NewInformer(&corev1.Node{}, ds.Nodes, fieldIs("metadata.name", node), nil)
 	c.handles = datastore.NewInformer(&tabbyv1.IPAMHandle{}, ds.IPAMHandles, func(o *metav1.ListOptions) {
 		o.LabelSelector = tabbyv1.LabelNode + "=" + ipam.NodeLabelValue(node)
 	}, nil)
 	c.pods = datastore.NewInformer(&corev1.Pod{}, ds.Pods(metav1.NamespaceAll), fieldIs("spec.nodeName", node), nil)
-	c.namespaces = datastore.NewInformer(&corev1.Namespace{}, ds.Namespaces, everything, nil)
+	c.namespaces = infs.Namespaces()
 	c.blockView = cache.NewIntegerResourceVersionMutationCache(klog.Background(), c.blocks.GetStore(), c.blocks.GetIndexer(), mutationTTL, true)
-	return c
+	return c, nil
+}
+
+// blockNode indexes a block by its node label (byNode).
+func blockNode(obj any) ([]string, error) {
+	b, ok := obj.(*tabbyv1.IPAMBlock)
+	if !ok {
+		return nil, nil
+	}
+	return []string{b.Labels[tabbyv1.LabelNode]}, nil
 }
 
 // fieldIs restricts a list to the objects whose field has the value.
@@ -83,8 +96,8 @@ func (c *Caches) all() []cache.SharedIndexInformer {
 // ctx's error. They run until ctx ends.
 func (c *Caches) Run(ctx context.Context) error {
 	var synced []cache.InformerSynced
+	c.infs.Run(ctx, c.all()...)
 	for _, inf := range c.all() {
-		go inf.RunWithContext(ctx)
 		synced = append(synced, inf.HasSynced)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {

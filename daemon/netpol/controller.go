@@ -42,7 +42,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
-	tabbyv1 "github.com/tabbynet/tabby/api/v1"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/events"
 	"github.com/tabbynet/tabby/internal/loop"
@@ -108,6 +107,10 @@ type Config struct {
 	Node string
 	// DS reads Pods, Namespaces and IPAMBlocks.
 	DS *datastore.Client
+	// Informers, when set, are the informers of Namespaces, IPAMBlocks
+	// and Nodes the controller shares with tabbyd's other components
+	// (nil: its own, over DS).
+	Informers *datastore.Informers
 	// Policies reads the NetworkPolicies of every namespace
 	// (NewPolicyClient).
 	Policies datastore.ListWatcher[*networkingv1.NetworkPolicyList]
@@ -158,6 +161,8 @@ type Controller struct {
 	met *metrics
 
 	pods, namespaces, policies, blocks cache.SharedIndexInformer
+	// infs holds the shared ones (namespaces, blocks, nodes).
+	infs *datastore.Informers
 	// cnps and nodes are nil without Config.ClusterPolicies.
 	cnps, nodes cache.SharedIndexInformer
 	loop        *loop.Loop
@@ -250,17 +255,24 @@ func New(cfg Config) (*Controller, error) {
 			return nil, fmt.Errorf("netpol: registering metrics: %w", err)
 		}
 	}
+	c.infs = cfg.Informers
+	if c.infs == nil {
+		c.infs = datastore.NewInformers(cfg.DS)
+	}
 	c.pods = informer(&corev1.Pod{}, cfg.DS.Pods(metav1.NamespaceAll), c.markDirty, podChanged)
-	c.namespaces = informer(&corev1.Namespace{}, cfg.DS.Namespaces, c.markDirty, namespaceChanged)
+	c.namespaces = c.infs.Namespaces()
+	datastore.OnChange(c.namespaces, c.markDirty, namespaceChanged)
 	c.policies = informer(&networkingv1.NetworkPolicy{}, cfg.Policies, c.markDirty, nil)
 	// An update to a version the agent handed over (ObserveBlock) was
 	// synced already.
-	c.blocks = informer(&tabbyv1.IPAMBlock{}, cfg.DS.IPAMBlocks, c.markDirty, func(old, new any) bool {
+	c.blocks = c.infs.IPAMBlocks()
+	datastore.OnChange(c.blocks, c.markDirty, func(old, new any) bool {
 		return !c.hints.caughtUp(new) && blockChanged(old, new)
 	})
 	if cfg.ClusterPolicies != nil {
 		c.cnps = informer(&unstructured.Unstructured{}, cfg.ClusterPolicies, c.markDirty, nil)
-		c.nodes = informer(&corev1.Node{}, cfg.DS.Nodes, c.markDirty, nodeChanged)
+		c.nodes = c.infs.Nodes()
+		datastore.OnChange(c.nodes, c.markDirty, nodeChanged)
 	}
 	return c, nil
 }
@@ -287,9 +299,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.cnps != nil {
 		all = append(all, c.cnps, c.nodes)
 	}
+	c.infs.Run(ctx, all...)
 	synced := make([]cache.InformerSynced, 0, len(all))
 	for _, inf := range all {
-		go inf.RunWithContext(ctx)
 		synced = append(synced, inf.HasSynced)
 	}
 	start := time.Now()
