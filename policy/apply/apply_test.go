@@ -239,9 +239,7 @@ func ruleset3() *policy.Ruleset {
 // exactly what the Ruleset says. Once per installed backend.
 func TestApplySequence(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) { testSequence(t, b) })
-	}
+	forEachBackend(t, testSequence)
 }
 
 func testSequence(t *testing.T, b iptbackend.Backend) {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tabbynet/tabby/internal/iptbackend"
@@ -150,7 +152,11 @@ func (a *Applier) writeChains(ctx context.Context, plans []*chainWrite, st *Stat
 	var errs []error
 	for i, cw := range plans {
 		if err := waits[i](); err != nil {
-			errs = append(errs, fmt.Errorf("writing %d %s policy chains (and removing %d no longer wanted): %w", len(cw.write), cw.f.name, len(cw.stale), err))
+			what := fmt.Sprintf("writing %d %s policy chains (and removing %d no longer wanted", len(cw.write), cw.f.name, len(cw.stale))
+			if len(cw.jumps) > 0 {
+				what += fmt.Sprintf(", rewriting the jumps of %s", strings.Join(slices.Sorted(maps.Keys(cw.jumps)), ", "))
+			}
+			errs = append(errs, fmt.Errorf("%s): %w", what, err))
 			continue
 		}
 		unknown[cw.f.idx] = a.done(cw, st)

@@ -22,9 +22,7 @@ import (
 // connections are not logged. Every backend.
 func TestDeniedLogged(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) { testDeniedLogged(t, b) })
-	}
+	forEachBackend(t, testDeniedLogged)
 }
 
 func testDeniedLogged(t *testing.T, b iptbackend.Backend) {
@@ -106,39 +104,37 @@ func testDeniedLogged(t *testing.T, b iptbackend.Backend) {
 // unlisted prefix; once the pod is listed, it passes. Every backend.
 func TestDeniedLoggedUnlisted(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) {
-			n := newNode(t, b, apply.Options{})
-			n.forwarding()
-			a, srv := n.addPod("a", "taba", 1), n.addPod("s", "tabs", 2)
-			serve(t, a, srv)
-			in := &policy.Input{Node: "n1", DenyUnlisted: true, DeniedLog: &policy.DeniedLog{Group: 9}}
-			endpoint := func(p *tpod) policy.Endpoint {
-				return policy.Endpoint{Pod: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: p.name}},
-					IPs: []netip.Addr{p.v4, p.v6}, HostIface: p.veth}
-			}
-			in.Endpoints = []policy.Endpoint{endpoint(srv)} // a is not listed yet
-			n.apply(policy.Compile(in))
-			got := n.readLog(t, 9)
+	forEachBackend(t, func(t *testing.T, b iptbackend.Backend) {
+		n := newNode(t, b, apply.Options{})
+		n.forwarding()
+		a, srv := n.addPod("a", "taba", 1), n.addPod("s", "tabs", 2)
+		serve(t, a, srv)
+		in := &policy.Input{Node: "n1", DenyUnlisted: true, DeniedLog: &policy.DeniedLog{Group: 9}}
+		endpoint := func(p *tpod) policy.Endpoint {
+			return policy.Endpoint{Pod: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: p.name}},
+				IPs: []netip.Addr{p.v4, p.v6}, HostIface: p.veth}
+		}
+		in.Endpoints = []policy.Endpoint{endpoint(srv)} // a is not listed yet
+		n.apply(policy.Compile(in))
+		got := n.readLog(t, 9)
 
-			if err := connect(a, srv, 0, 300*time.Millisecond); err == nil {
-				t.Fatal("a, unlisted, reached s")
+		if err := connect(a, srv, 0, 300*time.Millisecond); err == nil {
+			t.Fatal("a, unlisted, reached s")
+		}
+		select {
+		case p := <-got:
+			if want := policy.UnlistedLogPrefix(true); p.Prefix != want || p.Src != a.v4 {
+				t.Errorf("logged %+v, want a's SYN with prefix %s", p, want)
 			}
-			select {
-			case p := <-got:
-				if want := policy.UnlistedLogPrefix(true); p.Prefix != want || p.Src != a.v4 {
-					t.Errorf("logged %+v, want a's SYN with prefix %s", p, want)
-				}
-			case <-time.After(time.Second):
-				t.Fatal("nothing logged within a second of an unlisted interface's drop")
-			}
-			in.Endpoints = append(in.Endpoints, endpoint(a))
-			n.apply(policy.Compile(in))
-			if err := connect(a, srv, 0, 5*time.Second); err != nil {
-				t.Fatalf("a, listed, cannot reach s: %v", err)
-			}
-		})
-	}
+		case <-time.After(time.Second):
+			t.Fatal("nothing logged within a second of an unlisted interface's drop")
+		}
+		in.Endpoints = append(in.Endpoints, endpoint(a))
+		n.apply(policy.Compile(in))
+		if err := connect(a, srv, 0, 5*time.Second); err != nil {
+			t.Fatalf("a, listed, cannot reach s: %v", err)
+		}
+	})
 }
 
 // readLog reads NFLOG group in the node's namespace until the test ends:

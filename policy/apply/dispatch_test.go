@@ -150,9 +150,7 @@ func connect(from, to *tpod, fam int, timeout time.Duration) error {
 // TCP reset so a match answers at once. Both families, every backend.
 func TestIfaceSetMatch(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) { testIfaceSetMatch(t, b) })
-	}
+	forEachBackend(t, testIfaceSetMatch)
 }
 
 func testIfaceSetMatch(t *testing.T, b iptbackend.Backend) {
@@ -229,9 +227,7 @@ func testIfaceSetMatch(t *testing.T, b iptbackend.Backend) {
 // is then what its policies say.
 func TestCompiledDispatch(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) { testCompiledDispatch(t, b) })
-	}
+	forEachBackend(t, testCompiledDispatch)
 }
 
 func testCompiledDispatch(t *testing.T, b iptbackend.Backend) {
@@ -317,9 +313,7 @@ func testCompiledDispatch(t *testing.T, b iptbackend.Backend) {
 // applier runs are the real ones behind wrappers that log their input.
 func TestMembersLeaveAfterChains(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) { testMembersLeaveAfterChains(t, b) })
-	}
+	forEachBackend(t, testMembersLeaveAfterChains)
 }
 
 func testMembersLeaveAfterChains(t *testing.T, b iptbackend.Backend) {
@@ -413,12 +407,12 @@ func moveRuleset(old, new [2][]string, newRule bool) *policy.Ruleset {
 
 // A sync whose sets cannot be filled commits none of its chains: the
 // restores read their rules while the sets are filled, and get no COMMIT
-// when that fails. Then it goes through once the sets can be filled.
+// when that fails. Then it goes through once the sets can be filled. And
+// the error of a first sync whose restore fails names the jumps that
+// restore was rewriting, besides the rule iptables refused.
 func TestFillFailsNothingCommitted(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) { testFillFails(t, b) })
-	}
+	forEachBackend(t, testFillFails)
 }
 
 func testFillFails(t *testing.T, b iptbackend.Backend) {
@@ -451,6 +445,16 @@ func testFillFails(t *testing.T, b iptbackend.Backend) {
 	t.Logf("refused, as it should be: %v", err)
 	if diff := cmpState(n, before); diff != "" {
 		t.Errorf("after a sync whose sets could not be filled: %s", diff)
+	}
+	// A node's first sync writes the jump from FORWARD in the chains'
+	// restore: when that restore fails, its error says so.
+	fresh := newNode(t, b, apply.Options{})
+	bad := moveRuleset(pod, [2][]string{}, false)
+	bad.Chains[0].Rules = append(bad.Chains[0].Rules, r("-m conntrack --ctstate BOGUS -j DROP"))
+	if _, err := fresh.tryApply(bad); err == nil || !strings.Contains(err.Error(), "rewriting the jumps of FORWARD") || !strings.Contains(err.Error(), "BOGUS") {
+		t.Errorf("a first sync with a rule iptables refuses: %v; want an error naming the rule and the jumps it was rewriting", err)
+	} else {
+		t.Logf("refused, as it should be: %v", err)
 	}
 
 	if err := os.Remove(refuse); err != nil {

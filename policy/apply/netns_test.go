@@ -50,6 +50,14 @@ func backends(t testing.TB) []iptbackend.Backend {
 	return bs
 }
 
+// forEachBackend runs f as a subtest for each installed backend.
+func forEachBackend(t *testing.T, f func(t *testing.T, b iptbackend.Backend)) {
+	t.Helper()
+	for _, b := range backends(t) {
+		t.Run(string(b.Mode), func(t *testing.T) { f(t, b) })
+	}
+}
+
 func testLogger(t testing.TB) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -24,9 +24,7 @@ import (
 // NetworkPolicy selects the pods.
 func TestCompiledTiers(t *testing.T) {
 	needRoot(t)
-	for _, b := range backends(t) {
-		t.Run(string(b.Mode), func(t *testing.T) { testCompiledTiers(t, b) })
-	}
+	forEachBackend(t, testCompiledTiers)
 }
 
 func nsName(name string) *metav1.LabelSelector {
