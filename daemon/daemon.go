@@ -188,7 +188,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 	}
 	// Routing, NetworkPolicy and the CNI agent share one watch and one
-	// cache of the nodes, pools, blocks and namespaces.
+	// cache of the nodes, pools, blocks and namespaces (the agent reads
+	// its own node from routing's cache of every node).
 	infs := datastore.NewInformers(ds)
 	routes := startRouting(gs, cfg, ds, infs, backend, met, mux)
 	policies, err := startPolicy(gs, cfg, rc, ds, infs, backend, met, mux)

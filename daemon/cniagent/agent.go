@@ -51,9 +51,9 @@ type Config struct {
 	Socket   string
 	NodeName string
 	DS       *datastore.Client
-	// Informers, when set, are the informers of IPPools, IPAMBlocks and
-	// Namespaces the agent shares with tabbyd's other components (nil:
-	// its own, over DS).
+	// Informers, when set, are the informers of IPPools, IPAMBlocks,
+	// Nodes and Namespaces the agent shares with tabbyd's other components
+	// (nil: its own, over DS).
 	Informers *datastore.Informers
 	Log       *slog.Logger
 	// Registerer takes the agent's metrics (nil: none).

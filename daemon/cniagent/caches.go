@@ -47,8 +47,8 @@ type Caches struct {
 	onBlock func(*tabbyv1.IPAMBlock)
 }
 
-// NewCaches makes the informers of node (the pools, blocks and namespaces
-// from infs, nil: its own); Run starts them.
+// NewCaches makes the informers of node (the pools, blocks, nodes and
+// namespaces from infs, nil: its own); Run starts them.
 func NewCaches(ds *datastore.Client, infs *datastore.Informers, node string) (*Caches, error) {
 	if infs == nil {
 		infs = datastore.NewInformers(ds)
@@ -63,7 +63,7 @@ func NewCaches(ds *datastore.Client, infs *datastore.Informers, node string) (*C
 		}
 	}
 	c.configs = datastore.NewInformer(&tabbyv1.IPAMConfiguration{}, ds.IPAMConfigurations, everything, nil)
-	c.nodes = datastore.NewInformer(&corev1.Node{}, ds.Nodes, fieldIs("metadata.name", node), nil)
+	c.nodes = infs.Nodes() // routing's: this node is one of them
 	c.handles = datastore.NewInformer(&tabbyv1.IPAMHandle{}, ds.IPAMHandles, func(o *metav1.ListOptions) {
 		o.LabelSelector = tabbyv1.LabelNode + "=" + ipam.NodeLabelValue(node)
 	}, nil)
