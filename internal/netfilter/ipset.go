@@ -78,11 +78,20 @@ func (s *IPSets) Apply(ctx context.Context, batch *SetBatch, exist bool) error {
 // Save reads every set whose name starts with prefix, with its members;
 // everyone else's are skipped.
 func (s *IPSets) Save(ctx context.Context, prefix string) (map[string]*Set, error) {
-	out, err := run(ctx, "", s.path, "save")
-	if err != nil {
-		return nil, fmt.Errorf("reading the ipsets: %w (does the kernel have ipset support? load ip_set and its hash modules)", err)
+	return s.StartSave(ctx, prefix)()
+}
+
+// StartSave starts Save's `ipset save` from the calling thread (so in its
+// network namespace) and returns at once: wait returns what Save would.
+func (s *IPSets) StartSave(ctx context.Context, prefix string) (wait func() (map[string]*Set, error)) {
+	w := start(ctx, "", s.path, "save")
+	return func() (map[string]*Set, error) {
+		out, err := w()
+		if err != nil {
+			return nil, fmt.Errorf("reading the ipsets: %w (does the kernel have ipset support? load ip_set and its hash modules)", err)
+		}
+		return ParseIPSetSave(out, prefix)
 	}
-	return ParseIPSetSave(out, prefix)
 }
 
 // Get reads the sets names that exist, by name: the others are missing

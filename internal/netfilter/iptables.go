@@ -115,11 +115,21 @@ var errNotCommitted = errors.New("its input ended before COMMIT, as asked: nothi
 
 // Save reads one table with iptables-save.
 func (t *IPTables) Save(ctx context.Context, table string) (Table, error) {
-	out, err := run(ctx, "", t.save, "-t", table)
-	if err != nil {
-		return nil, fmt.Errorf("reading the %s %s table: %w", t.Name, table, err)
+	return t.StartSave(ctx, table)()
+}
+
+// StartSave starts Save's iptables-save from the calling thread (so in its
+// network namespace) and returns at once: wait returns what Save would.
+// Both families' tables can be read at once this way.
+func (t *IPTables) StartSave(ctx context.Context, table string) (wait func() (Table, error)) {
+	w := start(ctx, "", t.save, "-t", table)
+	return func() (Table, error) {
+		out, err := w()
+		if err != nil {
+			return nil, fmt.Errorf("reading the %s %s table: %w", t.Name, table, err)
+		}
+		return ParseSave(out, table), nil
 	}
-	return ParseSave(out, table), nil
 }
 
 // List lists one chain's rules with `iptables -S`, as printed after

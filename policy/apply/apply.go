@@ -373,21 +373,29 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 	}
 
 	t = time.Now()
+	// Both families are read back at once; each is waited for.
+	var finish [2]func() (map[string][]string, error)
+	for _, f := range a.fams {
+		if f != nil {
+			st.ChainsReadBack += len(written[f.idx])
+			finish[f.idx] = a.startReadBack(ctx, f, written[f.idx], jumps[f.idx])
+		}
+	}
+	var readErrs []error
 	for _, f := range a.fams {
 		if f == nil {
 			continue
 		}
-		st.ChainsReadBack += len(written[f.idx])
-		read, err := a.readBack(ctx, f, written[f.idx], jumps[f.idx])
-		if err != nil {
-			st.ChainsTime += time.Since(t)
-			return nil, err
-		}
+		read, err := finish[f.idx]()
+		readErrs = append(readErrs, err)
 		for b, lines := range read {
 			current[f.idx][b] = lines // the jumps written with the chains
 		}
 	}
 	st.ChainsTime += time.Since(t)
+	if err := errors.Join(readErrs...); err != nil {
+		return nil, err
+	}
 
 	t = time.Now()
 	for _, f := range a.fams {
@@ -421,21 +429,34 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 // built-in chains' rules, which it returns.
 func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error) {
 	var builtins [2]map[string][]string
-	sets, err := a.ipsets.Save(ctx, policy.SetPrefix)
-	if err != nil {
-		return builtins, err
+	// The sets and both families' tables are read at once: each program
+	// is started from this thread (so in its namespace), then each is
+	// waited for, whatever the others gave.
+	waitSets := a.ipsets.StartSave(ctx, policy.SetPrefix)
+	var waitTables [2]func() (netfilter.Table, error)
+	for _, f := range a.fams {
+		if f != nil {
+			waitTables[f.idx] = f.ipt.StartSave(ctx, "filter")
+		}
 	}
+	sets, err := waitSets()
+	errs := []error{err}
 	for _, f := range a.fams {
 		if f == nil {
 			continue
 		}
-		ft, err := a.readFilter(ctx, f)
-		if err != nil {
-			return builtins, err
+		t, err := waitTables[f.idx]()
+		if err != nil || errs[0] != nil {
+			errs = append(errs, err)
+			continue
 		}
+		ft := ofFilter(t)
 		a.remember(f, ft)
 		f.prunePrinted()
 		builtins[f.idx] = ft.builtins
+	}
+	if err := errors.Join(errs...); err != nil {
+		return builtins, err
 	}
 	a.sets = sets
 	a.inSync = nil

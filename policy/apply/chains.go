@@ -190,17 +190,36 @@ func (a *Applier) done(cw *chainWrite, st *Stats) []string {
 	return unknown
 }
 
+// startReadBack starts reading back the chains just written (readBack):
+// the iptables-save of many starts now, from the calling thread (so in its
+// namespace), and finish parses it; a few are read one by one by finish.
+func (a *Applier) startReadBack(ctx context.Context, f *family, write []string, jumps map[string]jumpWrite) (finish func() (map[string][]string, error)) {
+	if len(write)+len(jumps) <= readBackOneByOne {
+		return func() (map[string][]string, error) { return a.readBack(f, write, jumps, nil) }
+	}
+	wait := f.ipt.StartSave(ctx, "filter")
+	return func() (map[string][]string, error) {
+		t, err := wait()
+		if err != nil {
+			return nil, err
+		}
+		ft := ofFilter(t)
+		return a.readBack(f, write, jumps, &ft)
+	}
+}
+
 // readBack remembers how the kernel prints the chains just written, and
-// learns from them how it prints their rules: a few one by one (iptables
-// -S prints a rule as iptables-save does), many with one iptables-save.
-// It reads the built-in chains whose jumps were rewritten with them
-// (jumps) too, and returns their rules.
-func (a *Applier) readBack(ctx context.Context, f *family, write []string, jumps map[string]jumpWrite) (map[string][]string, error) {
+// learns from them how it prints their rules: from ft, the filter table
+// as iptables-save printed it after the write, or, with a nil ft, one by
+// one (iptables -S prints a rule as iptables-save does). It reads the
+// built-in chains whose jumps were rewritten with them (jumps) too, and
+// returns their rules.
+func (a *Applier) readBack(f *family, write []string, jumps map[string]jumpWrite, ft *filterTable) (map[string][]string, error) {
 	var read map[string][]string
 	if len(jumps) > 0 {
 		read = map[string][]string{}
 	}
-	if len(write)+len(jumps) <= readBackOneByOne {
+	if ft == nil {
 		for _, name := range write {
 			lines, err := a.listRules(f, name)
 			if err != nil {
@@ -222,10 +241,6 @@ func (a *Applier) readBack(ctx context.Context, f *family, write []string, jumps
 			}
 		}
 		return read, nil
-	}
-	ft, err := a.readFilter(ctx, f)
-	if err != nil {
-		return nil, err
 	}
 	for _, name := range write {
 		lines, ok := ft.chains[name]
