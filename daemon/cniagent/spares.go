@@ -316,6 +316,9 @@ func (a *Agent) transfer(h handover) error {
 		// With the node's assignments (mu): a burst's batched write
 		// waits for this one instead of conflicting with it.
 		a.mu.Lock()
+		if next != "" && !a.spareWanted(h.spare.Families()) {
+			next = ""
+		}
 		made, err := a.ipam.TransferSpare(ctx, h.spare, h.req, next)
 		a.mu.Unlock()
 		cancel()
@@ -439,6 +442,18 @@ func (a *Agent) refill() {
 			}
 		}
 	}()
+}
+
+// spareWanted says, with mu held, whether a transfer may still make the
+// next spare it planned: the stock is short of one, and no ADD found the
+// pools exhausted since (dropSpares; the refills wait too). Otherwise the
+// transfers of a burst, each planning a spare when it started, take the
+// addresses an ADD has just freed by dropping the spares, and it fails.
+func (a *Agent) spareWanted(v4, v6 bool) bool {
+	s := a.spares
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.countLocked(v4, v6) < s.want && !time.Now().Before(s.retryAt)
 }
 
 func newSpareID() string {
