@@ -50,7 +50,7 @@ func TestInformersOneCache(t *testing.T) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("the new block reached the cache %v, the handlers %d and %d times", ok, heard[0].Load(), heard[1].Load())
+			t.Fatalf("the new namespace reached the cache %v, the handlers %d and %d times", ok, heard[0].Load(), heard[1].Load())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -433,10 +433,10 @@ func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error
 	// is started from this thread (so in its namespace), then each is
 	// waited for, whatever the others gave.
 	waitSets := a.ipsets.StartSave(ctx, policy.SetPrefix)
-	var waitTables [2]func() (netfilter.Table, error)
+	var waitTables [2]func() (filterTable, error)
 	for _, f := range a.fams {
 		if f != nil {
-			waitTables[f.idx] = f.ipt.StartSave(ctx, "filter")
+			waitTables[f.idx] = startFilter(ctx, f)
 		}
 	}
 	sets, err := waitSets()
@@ -445,12 +445,11 @@ func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error
 		if f == nil {
 			continue
 		}
-		t, err := waitTables[f.idx]()
+		ft, err := waitTables[f.idx]()
 		if err != nil || errs[0] != nil {
 			errs = append(errs, err)
 			continue
 		}
-		ft := ofFilter(t)
 		a.remember(f, ft)
 		f.prunePrinted()
 		builtins[f.idx] = ft.builtins
@@ -466,11 +465,21 @@ func (a *Applier) readKernel(ctx context.Context) ([2]map[string][]string, error
 }
 
 func (a *Applier) readFilter(ctx context.Context, f *family) (filterTable, error) {
-	t, err := f.ipt.Save(ctx, "filter")
-	if err != nil {
-		return filterTable{}, err
+	return startFilter(ctx, f)()
+}
+
+// startFilter starts reading f's filter table (readFilter) from the
+// calling thread, so in its namespace, and returns at once: wait returns
+// what readFilter would.
+func startFilter(ctx context.Context, f *family) (wait func() (filterTable, error)) {
+	w := f.ipt.StartSave(ctx, "filter")
+	return func() (filterTable, error) {
+		t, err := w()
+		if err != nil {
+			return filterTable{}, err
+		}
+		return ofFilter(t), nil
 	}
-	return ofFilter(t), nil
 }
 
 // remember updates the memory of f's chains from what the kernel prints:

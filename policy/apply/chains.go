@@ -197,13 +197,12 @@ func (a *Applier) startReadBack(ctx context.Context, f *family, write []string, 
 	if len(write)+len(jumps) <= readBackOneByOne {
 		return func() (map[string][]string, error) { return a.readBack(f, write, jumps, nil) }
 	}
-	wait := f.ipt.StartSave(ctx, "filter")
+	wait := startFilter(ctx, f)
 	return func() (map[string][]string, error) {
-		t, err := wait()
+		ft, err := wait()
 		if err != nil {
 			return nil, err
 		}
-		ft := ofFilter(t)
 		return a.readBack(f, write, jumps, &ft)
 	}
 }
