@@ -4,6 +4,11 @@ export PATH := /usr/local/go/bin:$(PATH)
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/tabbynet/tabby/internal/buildinfo.Version=$(VERSION)
 BINS := tabby tabby-ipam tabbyd tabby-scheduler-extender tabbyctl
+# grpcnotrace: gRPC (tabbyd's, through GoBGP) does not link
+# golang.org/x/net/trace, whose init makes text/template reachable and so
+# turns off the linker's removal of unused methods (deploy/Dockerfile builds
+# with the same tags; TestDeadcode keeps it on).
+BUILD_TAGS := grpcnotrace
 # test/labtest ran 21 to 39 minutes on 2 loaded cores: the timeout leaves room
 # for a slow machine, inside CI's 90 minutes.
 GOTEST_FLAGS ?= -count=1 -timeout 60m
@@ -27,7 +32,7 @@ all: build
 build:
 	@echo "==> building tabby's programs into ./bin"
 	@mkdir -p bin
-	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINS))
+	CGO_ENABLED=0 go build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o bin/ $(addprefix ./cmd/,$(BINS))
 	hack/build-cni-plugins.sh bin
 
 ## deps: install the Debian packages tests and the lab need (as root)

@@ -389,6 +389,18 @@ func TestImage(t *testing.T) {
 		t.Fatal("no go build -o /out/ in the Dockerfile")
 	}
 	built := strings.Fields(strings.TrimSuffix(strings.TrimSpace(build[1]), "\\"))
+	// With the Makefile's build tags (see BUILD_TAGS there).
+	mk, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tags := regexp.MustCompile(`(?m)^BUILD_TAGS := (.*)$`).FindSubmatch(mk)
+	if tags == nil {
+		t.Fatal("the Makefile has no line BUILD_TAGS := ...")
+	}
+	if want := "go build -trimpath -tags " + string(tags[1]) + " "; !strings.Contains(text, want) {
+		t.Errorf("the Dockerfile does not build with the Makefile's BUILD_TAGS: it lacks %q", want)
+	}
 	var names []string
 	for _, c := range cmds {
 		if !c.IsDir() {
