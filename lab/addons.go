@@ -8,9 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
-	"text/template"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -38,24 +38,46 @@ const (
 	CoreDNSImage   = "registry.k8s.io/coredns/coredns:v1.15.0"
 )
 
-// addonValues fill the add-ons' manifests.
-type addonValues struct {
-	APIServer, ClusterCIDR, ClusterDomain, ClusterDNS, Image string
-	// DualStack makes kube-dns a dual-stack Service.
-	DualStack bool
-}
+// addonValues fill the add-ons' manifests: each {{.Name}} in them is the
+// value of that name.
+type addonValues map[string]string
 
-// renderAddon fills manifests/name with v.
+// placeholder is a manifest's {{.Name}}.
+var placeholder = regexp.MustCompile(`\{\{ *\.([A-Za-z][A-Za-z0-9]*) *\}\}`)
+
+// renderAddon fills manifests/name with v. A placeholder v lacks, or
+// anything else between {{ and }}, is an error. (Not text/template: it
+// executes templates through reflection by method name, and linking it
+// into tabbyctl kept every exported method of every type in the binary,
+// 20 MB of its 54; see internal/buildinfo's TestDeadcode.)
 func renderAddon(name string, v addonValues) ([]byte, error) {
-	t, err := template.ParseFS(manifests, "manifests/"+name)
+	data, err := manifests.ReadFile("manifests/" + name)
 	if err != nil {
 		return nil, err
 	}
-	var out bytes.Buffer
-	if err := t.Option("missingkey=error").Execute(&out, v); err != nil {
-		return nil, fmt.Errorf("rendering %s: %w", name, err)
+	return fill(name, data, v)
+}
+
+// fill is renderAddon on data.
+func fill(name string, data []byte, v addonValues) ([]byte, error) {
+	// Placeholders hold no newline: the lines of data and of rest match.
+	rest := placeholder.ReplaceAll(data, nil)
+	if i := bytes.Index(rest, []byte("{{")); i >= 0 {
+		return nil, fmt.Errorf("rendering %s: line %d has a {{ that is not a {{.Name}} placeholder", name, 1+bytes.Count(rest[:i], []byte("\n")))
 	}
-	return out.Bytes(), nil
+	var missing []string
+	out := placeholder.ReplaceAllFunc(data, func(m []byte) []byte {
+		key := string(placeholder.FindSubmatch(m)[1])
+		val, ok := v[key]
+		if !ok {
+			missing = append(missing, key)
+		}
+		return []byte(val)
+	})
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("rendering %s: no value for %s", name, strings.Join(missing, ", "))
+	}
+	return out, nil
 }
 
 // kubectl runs the control plane's kubectl with the lab's admin kubeconfig
@@ -89,25 +111,28 @@ func (s *State) apply(ctx context.Context, name string, manifest []byte) error {
 // installAddons applies kube-proxy and CoreDNS.
 func installAddons(ctx context.Context, s *State) error {
 	v := addonValues{
-		APIServer:     s.ControlPlane.Server,
-		ClusterCIDR:   s.PodCIDR,
-		ClusterDomain: ClusterDomain,
-		ClusterDNS:    ClusterDNS,
+		"APIServer":     s.ControlPlane.Server,
+		"ClusterCIDR":   s.PodCIDR,
+		"ClusterDomain": ClusterDomain,
+		"ClusterDNS":    ClusterDNS,
+		// A Service is single-stack unless it asks for more.
+		"IPFamilyPolicy": string(corev1.IPFamilyPolicySingleStack),
 	}
-	if v.ClusterCIDR == "" {
-		v.ClusterCIDR = DefaultPodCIDR
+	if v["ClusterCIDR"] == "" {
+		v["ClusterCIDR"] = DefaultPodCIDR
 	}
 	if s.DualStack {
 		// kube-proxy runs both families when the node has both
 		// addresses; clusterCIDR tells it the pods' range in each.
-		v.ClusterCIDR += "," + s.IPv6PodCIDR
-		v.DualStack = true
+		v["ClusterCIDR"] += "," + s.IPv6PodCIDR
+		// An IPv6 address for kube-dns next to the kubelets' clusterDNS.
+		v["IPFamilyPolicy"] = string(corev1.IPFamilyPolicyPreferDualStack)
 	}
 	for _, a := range []struct{ file, image string }{
 		{"kube-proxy.yaml", KubeProxyImage},
 		{"coredns.yaml", CoreDNSImage},
 	} {
-		v.Image = a.image
+		v["Image"] = a.image
 		m, err := renderAddon(a.file, v)
 		if err != nil {
 			return err

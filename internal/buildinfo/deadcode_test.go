@@ -11,21 +11,19 @@ import (
 	"testing"
 )
 
-// TestDeadcode builds tabby's programs that run on every node or beside
-// kube-scheduler as make build does (with the Makefile's BUILD_TAGS) and
-// fails when something they link turns off the linker's removal of unused
-// methods. A function that calls reflect's Method or MethodByName with a
-// name not known at compile time (the linker marks it <ReflectMethod>)
-// makes every exported method of every type that reaches an interface
-// stay in the binary: for tabbyd that was 6 MB of its 33, and about 4 MiB
-// of each node's resident memory, since every page of the binary is
-// shared but counted in each process. The failure names the chain of
-// calls that makes such a function reachable, so that whoever bumps a
-// dependency can see which one did it. tabbyctl is left out: its lab
-// renders add-ons with text/template, and it runs to completion.
+// TestDeadcode builds tabby's programs as make build does (with the
+// Makefile's BUILD_TAGS) and fails when something they link turns off the
+// linker's removal of unused methods. A function that calls reflect's
+// Method or MethodByName with a name not known at compile time (the
+// linker marks it <ReflectMethod>) makes every exported method of every
+// type that reaches an interface stay in the binary: for tabbyd that was
+// 6 MB of its 33, and about 4 MiB of each node's resident memory (the
+// binary's pages are shared, but each process counts those it maps). The
+// failure names the chain of calls that makes such a function reachable,
+// so that whoever bumps a dependency can see which one did it.
 func TestDeadcode(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds four programs")
+		t.Skip("builds five programs")
 	}
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go command")
@@ -35,7 +33,7 @@ func TestDeadcode(t *testing.T) {
 		t.Fatal(err)
 	}
 	tags := makeVar(t, filepath.Join(root, "Makefile"), "BUILD_TAGS")
-	for _, cmd := range []string{"tabbyd", "tabby-scheduler-extender", "tabby", "tabby-ipam"} {
+	for _, cmd := range []string{"tabbyd", "tabby-scheduler-extender", "tabbyctl", "tabby", "tabby-ipam"} {
 		t.Run(cmd, func(t *testing.T) {
 			c := exec.Command("go", "build", "-tags", tags, "-ldflags=-dumpdep", "-o", os.DevNull, "./cmd/"+cmd)
 			c.Dir = root
