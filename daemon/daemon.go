@@ -176,22 +176,29 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	for _, d := range []struct {
-		name string
-		spec *tabbyv1.IPPoolSpec
-	}{{DefaultPoolName, cfg.DefaultIPv4Pool}, {DefaultIPv6PoolName, cfg.DefaultIPv6Pool}} {
-		if d.spec != nil {
-			gs.Go("default pool "+d.name, func(ctx context.Context) error {
-				ensureDefaultPool(ctx, ds, d.name, *d.spec, cfg.Log)
-				return nil
-			})
-		}
-	}
 	// Routing, NetworkPolicy and the CNI agent share one watch and one
 	// cache of the nodes, pools, blocks and namespaces (the agent reads
 	// its own node from routing's cache of every node).
 	infs := datastore.NewInformers(ds)
 	routes := startRouting(gs, cfg, ds, infs, backend, met, mux)
+	// The default pools. The NetworkUnavailable condition waits for them
+	// (router.poolsPending); it waits for the heartbeat too, which starts
+	// below, so no pass can clear it before they are counted here.
+	for _, d := range []struct {
+		name string
+		spec *tabbyv1.IPPoolSpec
+	}{{DefaultPoolName, cfg.DefaultIPv4Pool}, {DefaultIPv6PoolName, cfg.DefaultIPv6Pool}} {
+		if d.spec != nil {
+			routes.poolsPending.Add(1)
+			gs.Go("default pool "+d.name, func(ctx context.Context) error {
+				if ensureDefaultPool(ctx, ds, d.name, *d.spec, cfg.Log) {
+					routes.poolsPending.Add(-1)
+					routes.markDirty()
+				}
+				return nil
+			})
+		}
+	}
 	policies, err := startPolicy(gs, cfg, rc, ds, infs, backend, met, mux)
 	if err != nil {
 		return err

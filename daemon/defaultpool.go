@@ -89,18 +89,19 @@ func cidrOfFamily(cidr string, v4 bool) error {
 // CRD not being served yet), and a cluster whose pools someone made is
 // left alone. Every tabbyd tries; the first create wins. It retries while
 // the API server does not answer or its admission refuses the pool, until
-// ctx ends.
-func ensureDefaultPool(ctx context.Context, ds *datastore.Client, name string, spec tabbyv1.IPPoolSpec, log *slog.Logger) {
+// ctx ends. It reports whether the cluster has a pool of spec's family
+// (false: ctx ended first).
+func ensureDefaultPool(ctx context.Context, ds *datastore.Client, name string, spec tabbyv1.IPPoolSpec, log *slog.Logger) bool {
 	backoff := 500 * time.Millisecond
 	for {
 		done, err := createDefaultPool(ctx, ds, name, spec, log)
 		if done {
-			return
+			return true
 		}
 		log.Warn("creating the default IPPool: will try again", "pool", name, "error", err, "in", backoff)
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 30*time.Second)

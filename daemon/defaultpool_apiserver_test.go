@@ -88,13 +88,22 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 
 	var logs testnet.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
+	// Refused until its context ends: it says the cluster has no pool
+	// (tabbyd's NetworkUnavailable condition waits for true).
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	if ensureDefaultPool(short, ds, DefaultPoolName, *spec, log) {
+		t.Error("ensureDefaultPool reported a pool while admission refused it")
+	}
+	cancel()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ensureDefaultPool(ctx, ds, DefaultPoolName, *spec, log)
+		if !ensureDefaultPool(ctx, ds, DefaultPoolName, *spec, log) {
+			t.Error("ensureDefaultPool gave up")
+		}
 	}()
 	// Refused twice (so it did not give up after the first), and no pool.
-	for strings.Count(logs.String(), "refused by the test") < 2 {
+	for strings.Count(logs.String(), "refused by the test") < 4 {
 		select {
 		case <-done:
 			t.Fatalf("tabbyd gave up on the default pool while admission refused it:\n%s", logs.String())
@@ -134,7 +143,9 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 	if _, err := ds.IPPools.Create(ctx, mine, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ensureDefaultPool(ctx, ds, DefaultPoolName, other, log)
+	if !ensureDefaultPool(ctx, ds, DefaultPoolName, other, log) {
+		t.Error("ensureDefaultPool did not report the user's pool")
+	}
 	if _, err := ds.IPPools.Get(ctx, DefaultPoolName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a default pool next to the user's: %v, want NotFound", err)
 	}
@@ -145,7 +156,9 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ensureDefaultPool(ctx, ds, DefaultIPv6PoolName, *spec6, log)
+	if !ensureDefaultPool(ctx, ds, DefaultIPv6PoolName, *spec6, log) {
+		t.Error("ensureDefaultPool did not report the IPv6 pool it made")
+	}
 	if got, err := ds.IPPools.Get(ctx, DefaultIPv6PoolName, metav1.GetOptions{}); err != nil || got.Spec.CIDR != spec6.CIDR || got.Spec.NATOutgoing {
 		t.Errorf("the default IPv6 pool next to the user's IPv4 pool: %+v, %v", got, err)
 	}
@@ -156,7 +169,9 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 	if _, err := ds.IPPools.Create(ctx, mine6, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ensureDefaultPool(ctx, ds, DefaultIPv6PoolName, *spec6, log)
+	if !ensureDefaultPool(ctx, ds, DefaultIPv6PoolName, *spec6, log) {
+		t.Error("ensureDefaultPool did not report the user's IPv6 pool")
+	}
 	if _, err := ds.IPPools.Get(ctx, DefaultIPv6PoolName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("a default IPv6 pool next to the user's: %v, want NotFound", err)
 	}

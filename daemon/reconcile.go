@@ -117,6 +117,9 @@ type router struct {
 	conditionSet     bool
 	// beating: the node's heartbeat Lease was renewed in this run.
 	beating atomic.Bool
+	// poolsPending: the default pools (--default-ipv4-pool-cidr, ...)
+	// not yet known to be there, or one of their family.
+	poolsPending atomic.Int32
 
 	mu       sync.Mutex
 	status   nodestatus.Status
@@ -618,12 +621,15 @@ func (r *router) programKernel(ctx context.Context, p *pass) {
 	if applyErr != nil {
 		out.problem(true, "programming the kernel: %v", applyErr)
 		p.notReady = append(p.notReady, "programming the kernel failed: "+applyErr.Error())
-	} else if !r.conditionSet && r.beating.Load() {
-		// After the heartbeat: the scheduler extender keeps pods off a
-		// node without one, and kube-scheduler tries a pod it turned away
-		// again only on a cluster event, such as this condition's change.
-		// Set before the first heartbeat, it left such pods (CoreDNS in
-		// the lab) pending until kube-scheduler's 5-minute flush.
+	} else if !r.conditionSet && r.beating.Load() && r.poolsPending.Load() == 0 {
+		// After the heartbeat and the default pools: the scheduler
+		// extender keeps pods off a node without a heartbeat, and off
+		// every node while no pool of their family exists, and
+		// kube-scheduler tries a pod it turned away again only on a
+		// cluster event, such as this condition's change. Set before the
+		// first heartbeat, it left such pods (CoreDNS in the lab) pending
+		// until kube-scheduler's 5-minute flush; set before the default
+		// pool, while admission still refused it, the same.
 		r.conditionSet = setNetworkAvailable(ctx, r.cfg.DS, p.self, r.log)
 	}
 	for _, c := range stats.Conflicts {
