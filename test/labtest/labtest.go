@@ -225,16 +225,30 @@ func Up(t testing.TB, args ...string) *Lab {
 					"--tail", "80", "--prefix", "--timestamps", "--max-log-requests", "10")
 				t.Logf("tabbyd's logs (the last 80 lines of each tabby-node pod) as the test failed:\n%s", out)
 			}
-			if out, code := l.Tabbyctl("down"); code != 0 {
+			// --name: a lab that failed before it saved its state is
+			// removed by its namespaces' names.
+			if out, code := l.Tabbyctl("down", "--name", l.Name); code != 0 {
 				t.Errorf("lab down: %s", out)
 			}
 		}
 	})
 	start := time.Now()
-	out, code := l.Tabbyctl(append([]string{"up", "--name", l.Name, "--repo", Binaries.Repo,
+	// --keep-on-failure: a lab that does not come up stays until the
+	// cleanup above, which prints tabbyd's logs first; the control
+	// plane's programs' are printed below. Without them, a bring-up that
+	// failed only in CI left nothing to read.
+	out, code := l.Tabbyctl(append([]string{"up", "--name", l.Name, "--keep-on-failure", "--repo", Binaries.Repo,
 		"--controlplane-dir", Binaries.ControlPlane, "--runtime-dir", Binaries.Runtime, "--bin-dir", Binaries.Dir}, args...)...)
 	l.UpTime = time.Since(start)
 	if code != 0 {
+		if st, err := lab.Load(l.Dir); err == nil {
+			l.State, l.Kubeconfig = st, st.Kubeconfig
+			for _, p := range st.ControlPlane.Procs {
+				if p.Log != "" && (p.Name == lab.ExtenderName || p.Name == "kube-scheduler") {
+					t.Logf("%s's log as the lab failed to come up, the last 40 lines:\n%s", p.Name, controlplane.TailFile(p.Log, 40))
+				}
+			}
+		}
 		t.Fatalf("lab up failed:\n%s", out)
 	}
 	t.Logf("lab %s up in %v", l.Name, l.UpTime.Round(time.Millisecond))
