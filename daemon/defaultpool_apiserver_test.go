@@ -102,7 +102,8 @@ func TestDefaultPoolAfterRefusal(t *testing.T) {
 			t.Error("ensureDefaultPool gave up")
 		}
 	}()
-	// Refused twice (so it did not give up after the first), and no pool.
+	// Refused twice more (so it did not give up after the first), and no
+	// pool.
 	for strings.Count(logs.String(), "refused by the test") < 4 {
 		select {
 		case <-done:
