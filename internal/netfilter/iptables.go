@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"strconv"
 	"strings"
 
@@ -20,6 +21,7 @@ type IPTables struct {
 	Name          string
 	proto         iptables.Protocol
 	h             *iptables.IPTables
+	cmd           string
 	save, restore string
 	wait          string
 }
@@ -34,7 +36,7 @@ func NewIPTables(b iptbackend.Backend, p iptables.Protocol, lockWait int) (*IPTa
 	if err != nil {
 		return nil, err
 	}
-	t := &IPTables{Name: "IPv4", proto: p, h: h, save: b.Save(p), restore: b.Restore(p), wait: strconv.Itoa(lockWait)}
+	t := &IPTables{Name: "IPv4", proto: p, h: h, cmd: b.Command(p), save: b.Save(p), restore: b.Restore(p), wait: strconv.Itoa(lockWait)}
 	if p == iptables.ProtocolIPv6 {
 		t.Name = "IPv6"
 	}
@@ -132,6 +134,24 @@ func (t *IPTables) StartSave(ctx context.Context, table string) (wait func() (Ta
 	}
 }
 
+// StartList starts List's `iptables -S` from the calling thread (so in
+// its network namespace) and returns at once: wait returns what List
+// would. Many chains can be listed at once this way.
+func (t *IPTables) StartList(ctx context.Context, table, chain string) (wait func() (rules []string, exists bool, err error)) {
+	w := start(ctx, "", t.cmd, "-w", t.wait, "-t", table, "-S", chain)
+	return func() ([]string, bool, error) {
+		out, err := w()
+		var xerr *exec.ExitError
+		if errors.As(err, &xerr) && xerr.ExitCode() == 1 {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("listing %s %s %s: %w", t.Name, table, chain, err)
+		}
+		return chainRules(chain, strings.Split(out, "\n")), true, nil
+	}
+}
+
 // List lists one chain's rules with `iptables -S`, as printed after
 // "-A CHAIN " (as iptables-save prints them); an empty chain gives an
 // empty, non-nil slice. exists is false, without an error, when there is
@@ -147,11 +167,17 @@ func (t *IPTables) List(table, chain string) (rules []string, exists bool, err e
 	if err != nil {
 		return nil, false, fmt.Errorf("listing %s %s %s: %w", t.Name, table, chain, err)
 	}
-	rules = []string{}
-	for _, l := range out {
+	return chainRules(chain, out), true, nil
+}
+
+// chainRules are the rules of `iptables -S chain`'s lines, as printed
+// after "-A CHAIN "; never nil.
+func chainRules(chain string, lines []string) []string {
+	rules := []string{}
+	for _, l := range lines {
 		if rest, ok := strings.CutPrefix(l, "-A "+chain+" "); ok {
 			rules = append(rules, rest)
 		}
 	}
-	return rules, true, nil
+	return rules
 }

@@ -22,7 +22,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"os"
 	"slices"
@@ -105,14 +104,9 @@ type family struct {
 	// jumps are, per built-in chain, the jumps last verified at its top:
 	// the rules wanted and how iptables prints them.
 	jumps map[string]*kernelJumps
-	// printed maps a rule (its ruleKey) to how the kernel prints it, as
-	// learned from chains read back just after the applier wrote them: a
-	// chain written with rules all printed before is not read back (the
-	// printing is a function of the rule alone). A chain the next kernel
-	// read finds printed otherwise has its rules forgotten here, so a
-	// wrong entry costs one rewrite, never a loop of them.
-	printed map[uint64]string
-	seed    maphash.Seed
+	// printed is how the kernel prints rules, learned from chains read
+	// back just after the applier wrote them (printing).
+	printed printing
 }
 
 type kernelChain struct {
@@ -198,7 +192,7 @@ func New(opts Options) (*Applier, error) {
 		}
 		a.fams[i] = &family{idx: i, name: ipt.Name, ipt: ipt,
 			chains: map[string]*kernelChain{}, jumps: map[string]*kernelJumps{},
-			printed: map[uint64]string{}, seed: maphash.MakeSeed()}
+			printed: newPrinting()}
 	}
 	return a, nil
 }
@@ -374,10 +368,9 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 
 	t = time.Now()
 	// Both families are read back at once; each is waited for.
-	var finish [2]func() (map[string][]string, error)
+	var finish [2]func() (map[string][]string, int, error)
 	for _, f := range a.fams {
 		if f != nil {
-			st.ChainsReadBack += len(written[f.idx])
 			finish[f.idx] = a.startReadBack(ctx, f, written[f.idx], jumps[f.idx])
 		}
 	}
@@ -386,7 +379,8 @@ func (a *Applier) pass(ctx context.Context, d *desired, current [2]map[string][]
 		if f == nil {
 			continue
 		}
-		read, err := finish[f.idx]()
+		read, n, err := finish[f.idx]()
+		st.ChainsReadBack += n
 		readErrs = append(readErrs, err)
 		for b, lines := range read {
 			current[f.idx][b] = lines // the jumps written with the chains

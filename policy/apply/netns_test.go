@@ -274,11 +274,12 @@ func expected(rs *policy.Ruleset) string {
 }
 
 // printed is a rule as iptables-save prints it, for the rules the tests
-// use (written in their canonical form): comments are quoted.
+// use (written in their canonical form): a comment is quoted unless it
+// is all letters, digits, '-' and '_'.
 func printed(rule []string) string {
 	out := slices.Clone(rule)
 	for i := range out {
-		if i > 0 && out[i-1] == "--comment" {
+		if i > 0 && out[i-1] == "--comment" && strings.Trim(out[i], "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "" {
 			out[i] = `"` + out[i] + `"`
 		}
 	}
