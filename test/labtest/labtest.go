@@ -117,6 +117,10 @@ func Setup(m *testing.M) int {
 	if Binaries.Runtime, err2 = buildDir(root, EnvRuntimeDir, "test/runtime/build.sh"); err2 != nil {
 		return fail("%v", err2)
 	}
+	if err := sweepOrphans(os.Stderr, downLab); err != nil {
+		// The tests can run beside them; they are slower for it.
+		fmt.Fprintf(os.Stderr, "labtest: WARNING: labs of test processes that died are left: %v\n", err)
+	}
 	return m.Run()
 }
 
@@ -212,6 +216,12 @@ func Up(t testing.TB, args ...string) *Lab {
 	t.Helper()
 	tier.Root(t, "a lab: network namespaces, a control plane, kubelet and containerd")
 	l := &Lab{Name: "lt" + randHex(3), Dir: filepath.Join(t.TempDir(), "lab")}
+	// Recorded before it exists: a process killed during lab up leaves
+	// a lab too.
+	unregister, err := registerOwner(l.Name, l.Dir)
+	if err != nil {
+		t.Fatalf("recording the lab's owner in %s: %v", OwnersDir, err)
+	}
 	t.Cleanup(func() {
 		if _, err := os.Stat(l.Dir); err == nil {
 			if t.Failed() && l.Kubeconfig != "" {
@@ -229,8 +239,10 @@ func Up(t testing.TB, args ...string) *Lab {
 			// removed by its namespaces' names.
 			if out, code := l.Tabbyctl("down", "--name", l.Name); code != 0 {
 				t.Errorf("lab down: %s", out)
+				return // the record stays: a later run removes the lab
 			}
 		}
+		unregister()
 	})
 	start := time.Now()
 	// --keep-on-failure: a lab that does not come up stays until the
