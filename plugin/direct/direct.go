@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -28,6 +29,11 @@ func New(_ context.Context, c *plugin.Config, log *slog.Logger) (plugin.Allocato
 		return nil, fmt.Errorf("tabby: %w", err)
 	}
 	rc.Timeout = c.Timeout
+	if log.Enabled(context.Background(), slog.LevelDebug) {
+		rc.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return &logRequests{next: rt, log: log, start: time.Now()}
+		})
+	}
 	ds, err := datastore.New(rc)
 	if err != nil {
 		return nil, fmt.Errorf("tabby: connecting to the datastore: %w", err)
@@ -36,6 +42,30 @@ func New(_ context.Context, c *plugin.Config, log *slog.Logger) (plugin.Allocato
 	m := ipam.New(ds, ipam.WithLogger(log), ipam.WithPoolListReuse(time.Second))
 	return &allocator{ops: &ipamops.Ops{DS: ds, IPAM: m}, lockFile: c.LockFile, timeout: c.Timeout, log: log, pending: map[string]chan struct{}{}}, nil
 }
+
+// logRequests logs, at debug level, each request to the API server with
+// when it started (since the client was made) and how long it took: where
+// an ADD without tabbyd spends its time.
+type logRequests struct {
+	next  http.RoundTripper
+	log   *slog.Logger
+	start time.Time
+}
+
+func (l *logRequests) RoundTrip(req *http.Request) (*http.Response, error) {
+	t := time.Now()
+	resp, err := l.next.RoundTrip(req)
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	l.log.Debug("API request", "method", req.Method, "path", req.URL.Path, "query", req.URL.RawQuery, "status", status,
+		"at", t.Sub(l.start).Round(10*time.Microsecond), "took", time.Since(t).Round(10*time.Microsecond), "error", err)
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go's wrappers see through.
+func (l *logRequests) WrappedRoundTripper() http.RoundTripper { return l.next }
 
 // allocator runs ipamops under the node's lock file; its errors are
 // *agentapi.Error, as the agent's are.
