@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/tabbynet/tabby/lab"
@@ -34,32 +33,11 @@ type owner struct {
 	Dir   string `json:"dir"`
 }
 
-// processStart is pid's start time, false when there is no such process.
-func processStart(pid int) (uint64, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// The command name, in parentheses, may hold spaces and parentheses:
-	// the fields that follow its last ')' are numbered from 3 (state).
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 20 {
-		return 0, false
-	}
-	start, err := strconv.ParseUint(f[19], 10, 64) // field 22, starttime
-	return start, err == nil
-}
-
 // registerOwner records this process as the owner of lab name in dir;
 // unregister removes the record (once the lab is down).
 func registerOwner(name, dir string) (unregister func(), err error) {
-	start, ok := processStart(os.Getpid())
-	if !ok {
+	start := procStart(os.Getpid())
+	if start == 0 {
 		return nil, errors.New("reading this process's start time in /proc")
 	}
 	b, err := json.Marshal(owner{PID: os.Getpid(), Start: start, Dir: dir})
@@ -111,7 +89,7 @@ func sweepOrphans(log io.Writer, down func(name, dir string) error) error {
 			errs = append(errs, fmt.Errorf("%s: not an owner record (%v): remove it by hand", path, err))
 			continue
 		}
-		if start, ok := processStart(o.PID); ok && start == o.Start {
+		if start := procStart(o.PID); start != 0 && start == o.Start {
 			continue
 		}
 		if err := down(name, o.Dir); err != nil {
