@@ -246,7 +246,7 @@ func (a *Applier) startReadBack(ctx context.Context, f *family, unknown []string
 
 // readBackCover splits the chains written whose printing was not
 // predicted (in order): first, each with a rule unlike all the rules of
-// the chains before it (printing.unknownID), to read back now; rest, whose
+// the chains before it (what printing.predict calls unknown), to read back now; rest, whose
 // rules are all like those, and whose printing what first teaches will
 // likely predict.
 func (f *family) readBackCover(unknown []string) (first, rest []string) {
@@ -258,10 +258,7 @@ func (f *family) readBackCover(unknown []string) (first, rest []string) {
 		}
 		new := false
 		for _, r := range kc.want {
-			if _, ok := f.printed.predict(r); ok {
-				continue
-			}
-			if id := f.printed.unknownID(r); !seen[id] {
+			if _, ok, id := f.printed.predict(r); !ok && !seen[id] {
 				seen[id], new = true, true
 			}
 		}
@@ -390,7 +387,7 @@ func (f *family) readBack(name string, lines []string) {
 func (f *family) predict(rules [][]string) []string {
 	lines := make([]string, len(rules))
 	for i, r := range rules {
-		l, ok := f.printed.predict(r)
+		l, ok, _ := f.printed.predict(r)
 		if !ok {
 			return nil
 		}

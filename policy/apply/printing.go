@@ -214,31 +214,27 @@ func (p *printing) learn(rule []string, line string) {
 	}
 }
 
-// predict is how the kernel prints rule, if known.
-func (p *printing) predict(rule []string) (string, bool) {
-	if l, ok := p.exact[p.ruleKey(rule)]; ok {
-		return l, true
+// predict is how the kernel prints rule, if known. When it is not,
+// unknown is what the rule has in common with the rules that one read
+// back teaches too: its shape when that can be learned, the rule itself
+// otherwise (readBackCover).
+func (p *printing) predict(rule []string) (line string, ok bool, unknown uint64) {
+	k := p.ruleKey(rule)
+	if l, ok := p.exact[k]; ok {
+		return l, true, 0
 	}
-	key, vals, ok := p.shapeOf(rule)
-	if !ok {
-		return "", false
+	key, vals, shaped := p.shapeOf(rule)
+	if !shaped {
+		return "", false, k
 	}
-	if t := p.shapes[key]; t != nil {
-		return t.fill(vals), true
+	t, known := p.shapes[key]
+	switch {
+	case t != nil:
+		return t.fill(vals), true, 0
+	case known:
+		return "", false, k // distrusted: learned rule by rule
 	}
-	return "", false
-}
-
-// unknownID is what a rule whose printing p does not predict has in
-// common with the rules one read back teaches too: its shape when that can
-// be learned, the rule itself otherwise.
-func (p *printing) unknownID(rule []string) uint64 {
-	if key, _, ok := p.shapeOf(rule); ok {
-		if t, known := p.shapes[key]; !known || t != nil {
-			return key
-		}
-	}
-	return p.ruleKey(rule)
+	return "", false, key
 }
 
 // forget drops the printing of rules, found wrong, and distrusts their

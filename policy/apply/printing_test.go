@@ -94,7 +94,7 @@ func TestPrinting(t *testing.T) {
 		// An argument iptables would escape: no shape.
 		{`-p tcp -m tcp --dport 443 -m set --match-set tabby-np-p4-b src -m comment --comment a"b -j TABBY-NP-B`, ""},
 	} {
-		got, ok := p.predict(rule(c.rule))
+		got, ok, _ := p.predict(rule(c.rule))
 		if ok != (c.want != "") || got != c.want {
 			t.Errorf("predict(%q) = %q, %v; want %q", c.rule, got, ok, c.want)
 		}
@@ -102,21 +102,23 @@ func TestPrinting(t *testing.T) {
 
 	b := rule("-p tcp -m tcp --dport 443 -m set --match-set tabby-np-p4-b src -m comment --comment ns/db -j TABBY-NP-B")
 	p.forget([][]string{a})
-	if l, ok := p.predict(a); ok {
-		t.Errorf("a forgotten rule is predicted: %q", l)
+	la, ok, ida := p.predict(a)
+	if ok {
+		t.Errorf("a forgotten rule is predicted: %q", la)
 	}
-	if l, ok := p.predict(b); ok {
-		t.Errorf("a rule of a distrusted shape is predicted: %q", l)
+	lb, ok, idb := p.predict(b)
+	if ok {
+		t.Errorf("a rule of a distrusted shape is predicted: %q", lb)
 	}
-	if p.unknownID(a) == p.unknownID(b) {
+	if ida == idb {
 		t.Error("two rules of a distrusted shape are read back as one")
 	}
 	p.learn(a, "A")
 	p.learn(b, "B")
-	if l, _ := p.predict(a); l != "A" {
+	if l, _, _ := p.predict(a); l != "A" {
 		t.Errorf("a rule learned exactly after its shape was distrusted: %q, want A", l)
 	}
-	if l, _ := p.predict(b); l != "B" {
+	if l, _, _ := p.predict(b); l != "B" {
 		t.Errorf("a rule learned exactly after its shape was distrusted: %q, want B", l)
 	}
 
@@ -127,10 +129,10 @@ func TestPrinting(t *testing.T) {
 		p.learn(append(r, "-m", "comment", "--comment", strings.Repeat("y", i)), "whatever")
 	}
 	p.prune(1, func(yield func([]string)) { yield(c) })
-	if l, ok := p.predict(rule("-m set --match-set tabby-np-p4-d src -g TABBY-NP-D")); !ok || l != "-m set --match-set tabby-np-p4-d src -g TABBY-NP-D" {
+	if l, ok, _ := p.predict(rule("-m set --match-set tabby-np-p4-d src -g TABBY-NP-D")); !ok || l != "-m set --match-set tabby-np-p4-d src -g TABBY-NP-D" {
 		t.Errorf("after prune, a live rule's shape predicts %q, %v", l, ok)
 	}
-	if _, ok := p.predict(b); ok {
+	if _, ok, _ := p.predict(b); ok {
 		t.Error("after prune, a rule no chain has is still known")
 	}
 	if len(p.exact) != 1 {
