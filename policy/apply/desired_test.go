@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -235,5 +236,49 @@ func TestHashSize(t *testing.T) {
 		if got := hashSize(n); got != want {
 			t.Errorf("hashSize(%d) = %d, want %d", n, got, want)
 		}
+	}
+}
+
+// TestPlanSetsRemovalOrder: additions go in set name order, removals in
+// reverse, so a pod moving from one dispatch bucket's signature to
+// another's is in a signature's set whenever it is in that signature's
+// bucket's set (the bucket sets, 'f' and 't', sort after 'e' and 'i'; see
+// policy.DispatchBuckets).
+func TestPlanSetsRemovalOrder(t *testing.T) {
+	const sig1, sig2 = policy.SetPrefix + "i4-aaaa", policy.SetPrefix + "i4-bbbb"
+	const bucket1, bucket2 = policy.SetPrefix + "t4-aaaa", policy.SetPrefix + "t4-bbbb"
+	const m = "10.0.0.5,tab0123456789a"
+	set := func(name string, members ...string) policy.Set {
+		return policy.Set{Name: name, Type: policy.SetHashNetIface, Family: policy.FamilyIPv4, Members: members}
+	}
+	// The pod moves from sig1 (bucket1) to sig2 (bucket2).
+	rs := &policy.Ruleset{Sets: []policy.Set{set(sig1), set(sig2, m), set(bucket1), set(bucket2, m)}}
+	d, err := validate(rs, [2]bool{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := func(members ...string) *netfilter.Set {
+		s := &netfilter.Set{Type: string(policy.SetHashNetIface), Family: "inet", Members: map[string]bool{}}
+		for _, x := range members {
+			s.Members[x] = false
+		}
+		return s
+	}
+	a := &Applier{log: slog.New(slog.DiscardHandler), sets: map[string]*netfilter.Set{
+		sig1: kernel(m), sig2: kernel(), bucket1: kernel(m), bucket2: kernel(),
+	}}
+	p := a.planSets(d)
+	order := func(b *netfilter.SetBatch) []string {
+		var out []string
+		for line := range strings.Lines(b.String()) {
+			out = append(out, strings.TrimSpace(line))
+		}
+		return out
+	}
+	if got, want := order(&p.adds), []string{"add " + sig2 + " " + m, "add " + bucket2 + " " + m}; !slices.Equal(got, want) {
+		t.Errorf("additions %q; want %q", got, want)
+	}
+	if got, want := order(&p.dels), []string{"del " + bucket1 + " " + m, "del " + sig1 + " " + m}; !slices.Equal(got, want) {
+		t.Errorf("removals %q; want %q", got, want)
 	}
 }

@@ -47,6 +47,12 @@ type setsPlan struct {
 	created, updated, added, removed int
 }
 
+// setDels are the members a sync removes from one set.
+type setDels struct {
+	name, typ string
+	minus     []string
+}
+
 // setCreate: set name is created as w wants it.
 type setCreate struct {
 	name string
@@ -60,6 +66,7 @@ func (c setCreate) to(b *netfilter.SetBatch) {
 // planSets compares d's sets with the applier's memory of the kernel.
 func (a *Applier) planSets(d *desired) *setsPlan {
 	p := &setsPlan{next: map[string]*netfilter.Set{}}
+	var dels []setDels
 	create := func(name string, w *wantSet) {
 		p.creates = append(p.creates, setCreate{name, w})
 		p.adds.Typed(name, string(w.typ))
@@ -95,13 +102,12 @@ func (a *Applier) planSets(d *desired) *setsPlan {
 			continue
 		}
 		p.adds.Typed(name, string(w.typ))
-		p.dels.Typed(name, string(w.typ))
 		plus, minus := memberDiff(k, w)
 		for _, m := range plus {
 			p.adds.Add(name, m, w.members[m]) // with -exist, also updates nomatch in place
 		}
-		for _, m := range minus {
-			p.dels.Del(name, m)
+		if len(minus) > 0 {
+			dels = append(dels, setDels{name, string(w.typ), minus})
 		}
 		p.added += len(plus)
 		p.removed += len(minus)
@@ -110,6 +116,14 @@ func (a *Applier) planSets(d *desired) *setsPlan {
 			p.next[name] = w.kernel()
 		} else {
 			p.next[name] = k
+		}
+	}
+	// Removals in reverse name order: a dispatch bucket's set loses a pod
+	// before the signature's set does (see policy.DispatchBuckets).
+	for _, d := range slices.Backward(dels) {
+		p.dels.Typed(d.name, d.typ)
+		for _, m := range d.minus {
+			p.dels.Del(d.name, m)
 		}
 	}
 	// Sets we have but do not want stay until the chains naming them are
