@@ -43,6 +43,10 @@ const (
 	setKindLocal   = 'l' // hash:ip,port, the local pods' ports of one name (ingress)
 	setKindEgress  = 'e' // hash:net,iface, the local pods of one TABBY-NP-E- chain
 	setKindIngress = 'i' // hash:net,iface, the local pods of one TABBY-NP-I- chain
+	// hash:net,iface, the local pods of the signatures of one dispatch
+	// bucket (DispatchBuckets); after 'e' and 'i' in name order.
+	setKindFromBucket = 'f'
+	setKindToBucket   = 't'
 	// 'u' is UnselectedSetName's: the local pods no policy selects.
 )
 

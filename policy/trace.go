@@ -112,7 +112,7 @@ func Explain(rs *Ruleset, steps []TraceStep) []Decision {
 			out = append(out, Decision{Direction: "ingress"})
 			cur, policy = &out[len(out)-1], ""
 		case cur == nil:
-		case s.Chain == ChainFromPod || s.Chain == ChainToPod:
+		case isDispatchChain(s.Chain):
 			dispatch(cur, s.Args, target)
 			cur.Policies = policiesOf(rs, target)
 		case target == "MARK" && policy != "" && cur.Verdict == "":
@@ -222,7 +222,19 @@ func policiesOf(rs *Ruleset, chain string) []string {
 	return nil
 }
 
-// dispatch reads the rule of ChainFromPod or ChainToPod that matched.
+// isDispatchChain says whether chain is ChainFromPod, ChainToPod or one of
+// their bucket chains (DispatchBuckets).
+func isDispatchChain(chain string) bool {
+	for _, c := range []string{ChainFromPod, ChainToPod} {
+		if rest, ok := strings.CutPrefix(chain, c); ok && (rest == "" || rest[0] == '-') {
+			return true
+		}
+	}
+	return false
+}
+
+// dispatch reads the rule of a dispatch chain (isDispatchChain) that
+// matched; one sending to a bucket chain decides nothing yet.
 func dispatch(d *Decision, args []string, target string) {
 	switch {
 	case strings.HasPrefix(target, PolicyChainPrefix):

@@ -89,11 +89,13 @@ const (
 	// hash:net,iface set holds "<pod IP>,<veth>" of every local pod that
 	// combination selects. A pod coming, going or changing labels changes
 	// members; the rules change only when a combination gains its first
-	// pod or loses its last.
+	// pod or loses its last. Past DispatchFlatMax combinations these
+	// rules move to bucket chains (ChainFromPod + "-0" … "-f"), and
+	// ChainFromPod tests each bucket's set instead (DispatchBuckets).
 	ChainFromPod = PolicyChainPrefix + "FROM-POD"
 	// ChainToPod is the same for ingress, on the destination address and
 	// the output interface: "-m set --match-set tabby-np-i4-<h> dst,dst
-	// -g TABBY-NP-I-<H>".
+	// -g TABBY-NP-I-<H>", in buckets as ChainFromPod's.
 	ChainToPod = PolicyChainPrefix + "TO-POD"
 )
 

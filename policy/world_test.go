@@ -593,6 +593,36 @@ func rulesetInvariants(rs *Ruleset) error {
 			return fmt.Errorf("chain %s %s is no signature's", c.Family, c.Name)
 		}
 	}
+	// A dispatch bucket's set holds its signatures' members, no more.
+	for _, c := range rs.Chains {
+		if !isDispatchChain(c.Name) || c.Name == ChainFromPod || c.Name == ChainToPod {
+			continue
+		}
+		var union []string
+		for _, r := range c.Rules {
+			if t, _ := ruleTarget(r); strings.HasPrefix(t, PolicyChainPrefix+kindPodEgress) || strings.HasPrefix(t, PolicyChainPrefix+kindPodIngress) {
+				union = append(union, sets[setOf(r)].Members...)
+			}
+		}
+		slices.Sort(union)
+		found := false
+		for _, p := range rs.Chains {
+			if p.Family != c.Family || !isDispatchChain(p.Name) {
+				continue
+			}
+			for _, r := range p.Rules {
+				if t, _ := ruleTarget(r); t == c.Name {
+					found = true
+					if got := sets[setOf(r)].Members; !slices.Equal(got, union) {
+						return fmt.Errorf("bucket %s %s: set %s holds %v, its signatures' sets %v", c.Family, c.Name, setOf(r), got, union)
+					}
+				}
+			}
+		}
+		if !found {
+			return fmt.Errorf("bucket %s %s: no dispatch rule sends to it", c.Family, c.Name)
+		}
+	}
 	if !sort.StringsAreSorted(rs.Programmed) {
 		return fmt.Errorf("Programmed not sorted")
 	}
