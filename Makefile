@@ -83,7 +83,8 @@ e2e: deps build controlplane runtime
 ## interleaved iterations, then three bursts of 100 pods (1 to 2 minutes);
 ## then NetworkPolicy: full sync of 1,000 policies over 5,000 pods, rule
 ## count against policies and pods, 50 label flips end to end through
-## tabbyd's controller, iperf3 with and without policies, 9 rounds (about 6
+## tabbyd's controller, iperf3 with and without policies, 9 rounds, new
+## connections a second through each dispatch layout, 5 rounds (about 7
 ## minutes);
 ## then route convergence, BGP sessions and tabbyd memory with 10 and 30
 ## nodes running tabbyd alone, full mesh against route reflectors, and IPv4
@@ -100,6 +101,7 @@ bench: deps build controlplane runtime
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolRuleCount -benchtime 1x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolLabelFlip -benchtime 50x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench NetpolThroughput -benchtime 9x ./test/bench/... && \
+	go test -count=1 -timeout 30m -run '^$$' -bench NetpolConnRate -benchtime 5x ./test/bench/... && \
 	go test -count=1 -timeout 30m -run '^$$' -bench RouteConvergence -benchtime 1x ./test/bench/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench PodStartup -benchtime 1x ./test/labtest/ && \
 	go test -count=1 -timeout 30m -run '^$$' -bench BenchmarkExtender -benchtime 200x ./scheduler-extender/plugins/ && \

@@ -792,7 +792,7 @@ func iperfPods(w *npWorld) (server, client *corev1.Pod) {
 // code (plugin.SetupPod, SetupHost): a veth named as tabbyd expects it,
 // the pod's /32, routes through 169.254.1.1 by proxy ARP, a /32 route in
 // the node.
-func wirePod(b *testing.B, node ns.NetNS, p *corev1.Pod) ns.NetNS {
+func wirePod(b testing.TB, node ns.NetNS, p *corev1.Pod) ns.NetNS {
 	b.Helper()
 	podNS := netnstest.New(b, "np-pod")
 	addr := netip.MustParseAddr(p.Status.PodIP)
