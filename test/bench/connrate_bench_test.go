@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -74,18 +73,7 @@ func BenchmarkNetpolConnRate(b *testing.B) {
 		lookups[l.name] = eg + in
 	}
 
-	n, err := testnet.NewNode(context.Background(), testnet.NodeOptions{Name: npNode, Dir: b.TempDir(),
-		Sysctls: map[string]string{"net/ipv4/ip_forward": "1"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			b.Errorf("removing the node: %v", err)
-		}
-	})
-	node := n.NS
-	serverNS, clientNS := wirePod(b, node, server), wirePod(b, node, client)
+	node, serverNS, clientNS := pairNode(b, server, client)
 	addr := net.JoinHostPort(server.Status.PodIP, "8080")
 	stop, err := testnet.ServeTCP(serverNS, addr, []byte("ok"))
 	if err != nil {
@@ -105,13 +93,7 @@ func BenchmarkNetpolConnRate(b *testing.B) {
 		b.Fatalf("shortening conntrack's TIME_WAIT in the node: %v", err)
 	}
 	conntrack := func(op string) error {
-		return netnstest.Thread(node, func() error {
-			out, err := exec.Command(be.IPTables, "-w", op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP").CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("iptables %s INPUT (conntrack on): %v: %s", op, err, out)
-			}
-			return nil
-		})
+		return nodeRule(node, be, op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP")
 	}
 	const d = 2 * time.Second
 	rate := map[string][]float64{}
@@ -173,17 +155,7 @@ func TestDispatchBucketsTraffic(t *testing.T) {
 	}
 	for _, be := range npBackends(t) {
 		t.Run(string(be.Mode), func(t *testing.T) {
-			n, err := testnet.NewNode(context.Background(), testnet.NodeOptions{Name: npNode, Dir: t.TempDir(),
-				Sysctls: map[string]string{"net/ipv4/ip_forward": "1"}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := n.Close(); err != nil {
-					t.Errorf("removing the node: %v", err)
-				}
-			})
-			serverNS, clientNS := wirePod(t, n.NS, server), wirePod(t, n.NS, client)
+			node, serverNS, clientNS := pairNode(t, server, client)
 			for _, port := range []string{"8080", "5201"} {
 				stop, err := testnet.ServeTCP(serverNS, net.JoinHostPort(server.Status.PodIP, port), []byte("ok"))
 				if err != nil {
@@ -191,11 +163,11 @@ func TestDispatchBucketsTraffic(t *testing.T) {
 				}
 				t.Cleanup(stop)
 			}
-			a := newApplier(t, n.NS, &be)
+			a := newApplier(t, node, &be)
 			t.Cleanup(func() {
-				_ = netnstest.Thread(n.NS, func() error { _, err := a.Cleanup(context.Background()); return err })
+				_ = netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err })
 			})
-			if _, err := applyIn(n.NS, a, rs); err != nil {
+			if _, err := applyIn(node, a, rs); err != nil {
 				t.Fatal(err)
 			}
 			if got, err := testnet.ReadTCP(clientNS, net.JoinHostPort(server.Status.PodIP, "8080"), 2*time.Second); err != nil || string(got) != "ok" {
@@ -204,7 +176,7 @@ func TestDispatchBucketsTraffic(t *testing.T) {
 			if got, err := testnet.ReadTCP(clientNS, net.JoinHostPort(server.Status.PodIP, "5201"), 500*time.Millisecond); err == nil {
 				t.Errorf("client to server port 5201, which no policy opens: read %q", got)
 			}
-			pk, err := chainPackets(n.NS, be.IPTablesSave)
+			pk, err := chainPackets(node, be.IPTablesSave)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -813,6 +813,37 @@ func wirePod(b testing.TB, node ns.NetNS, p *corev1.Pod) ns.NetNS {
 	return podNS
 }
 
+// pairNode is a node namespace as testnet makes one (lo, an uplink that
+// leads nowhere with the default route: proxy ARP for the pods' gateway
+// needs a route to it; forwarding on) with the pods server and client
+// wired to it (wirePod); removed when tb ends.
+func pairNode(tb testing.TB, server, client *corev1.Pod) (node, serverNS, clientNS ns.NetNS) {
+	tb.Helper()
+	n, err := testnet.NewNode(context.Background(), testnet.NodeOptions{Name: npNode, Dir: tb.TempDir(),
+		Sysctls: map[string]string{"net/ipv4/ip_forward": "1"}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			tb.Errorf("removing the node: %v", err)
+		}
+	})
+	return n.NS, wirePod(tb, n.NS, server), wirePod(tb, n.NS, client)
+}
+
+// nodeRule adds (op "-A") or deletes ("-D") rule in chain of the node's
+// filter table.
+func nodeRule(node ns.NetNS, be iptbackend.Backend, op, chain string, rule ...string) error {
+	return netnstest.Thread(node, func() error {
+		out, err := exec.Command(be.IPTables, append([]string{"-w", op, chain}, rule...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables %s %s %s: %v: %s", op, chain, strings.Join(rule, " "), err, out)
+		}
+		return nil
+	})
+}
+
 // startIperfServer runs iperf3 -s on port in netns until the benchmark
 // ends, once it listens.
 func startIperfServer(b *testing.B, netns ns.NetNS, port int) {
@@ -908,25 +939,10 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 	if len(rs.Problems) > 0 {
 		b.Fatalf("the compiler refused %d policies, the first: %+v", len(rs.Problems), rs.Problems[0])
 	}
-	// A node as testnet makes them: lo, an uplink that leads nowhere with
-	// the default route (proxy ARP for the pods' gateway needs a route to
-	// it), forwarding on.
-	n, err := testnet.NewNode(context.Background(), testnet.NodeOptions{Name: npNode, Dir: b.TempDir(),
-		Sysctls: map[string]string{"net/ipv4/ip_forward": "1"}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		if err := n.Close(); err != nil {
-			b.Errorf("removing the node: %v", err)
-		}
-	})
-	node := n.NS
-	serverNS, clientNS := wirePod(b, node, server), wirePod(b, node, client)
+	node, serverNS, clientNS := pairNode(b, server, client)
 	const port, closedPort = 8080, 5201
 	startIperfServer(b, serverNS, port)
-	var stopProbe func()
-	stopProbe, err = testnet.ServeTCP(serverNS, fmt.Sprintf("%s:%d", server.Status.PodIP, closedPort), []byte("open"))
+	stopProbe, err := testnet.ServeTCP(serverNS, fmt.Sprintf("%s:%d", server.Status.PodIP, closedPort), []byte("open"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -944,24 +960,12 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 	// connections: the second baseline turns conntrack on in the node's
 	// namespace with a rule that forwarded packets never meet.
 	conntrack := func(op string) error {
-		return netnstest.Thread(node, func() error {
-			out, err := exec.Command(be.IPTables, "-w", op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP").CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("iptables %s INPUT (conntrack on): %v: %s", op, err, out)
-			}
-			return nil
-		})
+		return nodeRule(node, be, op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP")
 	}
 	// The third is the least a stateful iptables policy puts on an
 	// established connection's path: a FORWARD rule accepting it.
 	floorRule := func(op string) error {
-		return netnstest.Thread(node, func() error {
-			out, err := exec.Command(be.IPTables, "-w", op, "FORWARD", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "comment", "--comment", "bench-floor", "-j", "ACCEPT").CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("iptables %s FORWARD (established accepted): %v: %s", op, err, out)
-			}
-			return nil
-		})
+		return nodeRule(node, be, op, "FORWARD", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "comment", "--comment", "bench-floor", "-j", "ACCEPT")
 	}
 	var none, tracked, floor, with []float64
 	var retrNone, retrTracked, retrWith int
