@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -143,9 +144,14 @@ func TestTabbyctlPod(t *testing.T) {
 	t.Cleanup(func() {
 		_, _, _ = kubectl(t, adminKubeconfig(t), nil, "delete", "clusterrolebinding", "tabbyctl-release", "--ignore-not-found")
 	})
+	// The API server's RBAC cache learns of the binding a moment later.
+	deadline := time.Now().Add(10 * time.Second)
 	for _, r := range release {
-		if !allowed(t, ctx, token, r[0], r[1]) {
-			t.Errorf("tabbyctl may not %s %s with tabbyctl-release", r[0], r[1])
+		for !allowed(t, ctx, token, r[0], r[1]) {
+			if time.Now().After(deadline) {
+				t.Fatalf("tabbyctl may not %s %s with tabbyctl-release", r[0], r[1])
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	for _, r := range [][2]string{{"create", "ippools"}, {"update", "ippools"}, {"delete", "ipamblocks"}, {"create", "ipamhandles"}} {
