@@ -239,25 +239,17 @@ func flattenDispatch(rs *policy.Ruleset) *policy.Ruleset {
 		byName[c.Family+" "+c.Name] = c
 	}
 	for _, c := range rs.Chains {
-		parent := ""
-		for _, p := range []string{policy.ChainFromPod, policy.ChainToPod} {
-			if isBucket(p, c.Name) {
-				parent = "bucket"
-			} else if c.Name == p {
-				parent = p
-			}
-		}
-		switch parent {
-		case "bucket":
+		if isBucket(policy.ChainFromPod, c.Name) || isBucket(policy.ChainToPod, c.Name) {
 			continue
-		case "":
+		}
+		if c.Name != policy.ChainFromPod && c.Name != policy.ChainToPod {
 			out.Chains = append(out.Chains, c)
 			continue
 		}
 		var sigs, tail [][]string
 		for _, r := range c.Rules {
 			target := ruleTarget(r)
-			if !isBucket(parent, target) {
+			if !isBucket(c.Name, target) {
 				tail = append(tail, r)
 				continue
 			}
