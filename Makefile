@@ -84,7 +84,7 @@ e2e: deps build controlplane runtime
 ## then NetworkPolicy: full sync of 1,000 policies over 5,000 pods, rule
 ## count against policies and pods, 50 label flips end to end through
 ## tabbyd's controller, iperf3 with and without policies, 9 rounds, new
-## connections a second through each dispatch layout, 5 rounds (about 7
+## connections a second through each dispatch layout, 5 rounds (about 8
 ## minutes);
 ## then route convergence, BGP sessions and tabbyd memory with 10 and 30
 ## nodes running tabbyd alone, full mesh against route reflectors, and IPv4
