@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -82,7 +81,7 @@ func BenchmarkNetpolConnRate(b *testing.B) {
 	b.Cleanup(stop)
 	a := newApplier(b, node, nil)
 	b.Cleanup(func() {
-		_ = netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err })
+		_ = cleanupIn(node, a)
 	})
 	be := a.Backend()
 	// Tens of thousands of connections a round: their conntrack entries
@@ -91,9 +90,6 @@ func BenchmarkNetpolConnRate(b *testing.B) {
 		return os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_time_wait", []byte("1"), 0o644)
 	}); err != nil {
 		b.Fatalf("shortening conntrack's TIME_WAIT in the node: %v", err)
-	}
-	conntrack := func(op string) error {
-		return nodeRule(node, be, op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP")
 	}
 	const d = 2 * time.Second
 	rate := map[string][]float64{}
@@ -105,15 +101,15 @@ func BenchmarkNetpolConnRate(b *testing.B) {
 		rate[name] = append(rate[name], r)
 	}
 	for i := 0; b.Loop(); i++ {
-		if err := netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err }); err != nil {
+		if err := cleanupIn(node, a); err != nil {
 			b.Fatal(err)
 		}
 		measure("none")
-		if err := conntrack("-A"); err != nil {
+		if err := conntrackOn(node, be, "-A"); err != nil {
 			b.Fatal(err)
 		}
 		measure("conntrack")
-		if err := conntrack("-D"); err != nil {
+		if err := conntrackOn(node, be, "-D"); err != nil {
 			b.Fatal(err)
 		}
 		// The layouts in a different order each round.
@@ -165,7 +161,7 @@ func TestDispatchBucketsTraffic(t *testing.T) {
 			}
 			a := newApplier(t, node, &be)
 			t.Cleanup(func() {
-				_ = netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err })
+				_ = cleanupIn(node, a)
 			})
 			if _, err := applyIn(node, a, rs); err != nil {
 				t.Fatal(err)

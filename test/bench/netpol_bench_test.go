@@ -844,6 +844,19 @@ func nodeRule(node ns.NetNS, be iptbackend.Backend, op, chain string, rule ...st
 	})
 }
 
+// conntrackOn adds (op "-A") or deletes ("-D") a rule in the node's INPUT
+// that turns conntrack on in its namespace and that forwarded packets
+// never meet: a node with kube-proxy (every node of a cluster) tracks
+// connections, so the benchmarks' second baseline does too.
+func conntrackOn(node ns.NetNS, be iptbackend.Backend, op string) error {
+	return nodeRule(node, be, op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP")
+}
+
+// cleanupIn removes the applier's rules and sets from the node.
+func cleanupIn(node ns.NetNS, a *apply.Applier) error {
+	return netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err })
+}
+
 // startIperfServer runs iperf3 -s on port in netns until the benchmark
 // ends, once it listens.
 func startIperfServer(b *testing.B, netns ns.NetNS, port int) {
@@ -949,28 +962,37 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 	b.Cleanup(stopProbe)
 	a := newApplier(b, node, nil)
 	b.Cleanup(func() {
-		_ = netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err })
+		_ = cleanupIn(node, a)
 	})
 	be := a.Backend()
 	probe := func() error {
 		_, err := testnet.ReadTCP(clientNS, fmt.Sprintf("%s:%d", server.Status.PodIP, closedPort), time.Second)
 		return err
 	}
-	// A node with kube-proxy (every node of a cluster) tracks
-	// connections: the second baseline turns conntrack on in the node's
-	// namespace with a rule that forwarded packets never meet.
-	conntrack := func(op string) error {
-		return nodeRule(node, be, op, "INPUT", "-m", "conntrack", "--ctstate", "INVALID", "-m", "comment", "--comment", "bench-conntrack", "-j", "DROP")
-	}
-	// The third is the least a stateful iptables policy puts on an
-	// established connection's path: a FORWARD rule accepting it.
+	// The second baseline turns conntrack on (conntrackOn); the third is
+	// the least a stateful iptables policy puts on an established
+	// connection's path: a FORWARD rule accepting it.
 	floorRule := func(op string) error {
 		return nodeRule(node, be, op, "FORWARD", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "comment", "--comment", "bench-floor", "-j", "ACCEPT")
+	}
+	// withRule runs iperf3 with a baseline's rule in place.
+	withRule := func(rule func(op string) error, what string) iperfResult {
+		if err := rule("-A"); err != nil {
+			b.Fatal(err)
+		}
+		r, err := runIperf(clientNS, server.Status.PodIP, port)
+		if err != nil {
+			b.Fatalf("without policies, %s: %v", what, err)
+		}
+		if err := rule("-D"); err != nil {
+			b.Fatal(err)
+		}
+		return r
 	}
 	var none, tracked, floor, with []float64
 	var retrNone, retrTracked, retrWith int
 	for b.Loop() {
-		if err := netnstest.Thread(node, func() error { _, err := a.Cleanup(context.Background()); return err }); err != nil {
+		if err := cleanupIn(node, a); err != nil {
 			b.Fatal(err)
 		}
 		if err := probe(); err != nil {
@@ -983,29 +1005,11 @@ func BenchmarkNetpolThroughput(b *testing.B) {
 		none = append(none, r.End.SumReceived.BitsPerSecond/1e9)
 		retrNone += r.End.SumSent.Retransmits
 
-		if err := conntrack("-A"); err != nil {
-			b.Fatal(err)
-		}
-		r, err = runIperf(clientNS, server.Status.PodIP, port)
-		if err != nil {
-			b.Fatalf("without policies, conntrack on: %v", err)
-		}
-		if err := conntrack("-D"); err != nil {
-			b.Fatal(err)
-		}
+		r = withRule(func(op string) error { return conntrackOn(node, be, op) }, "conntrack on")
 		tracked = append(tracked, r.End.SumReceived.BitsPerSecond/1e9)
 		retrTracked += r.End.SumSent.Retransmits
 
-		if err := floorRule("-A"); err != nil {
-			b.Fatal(err)
-		}
-		r, err = runIperf(clientNS, server.Status.PodIP, port)
-		if err != nil {
-			b.Fatalf("without policies, one FORWARD rule accepting established traffic: %v", err)
-		}
-		if err := floorRule("-D"); err != nil {
-			b.Fatal(err)
-		}
+		r = withRule(floorRule, "one FORWARD rule accepting established traffic")
 		floor = append(floor, r.End.SumReceived.BitsPerSecond/1e9)
 
 		if _, err := applyIn(node, a, rs); err != nil {
